@@ -1,0 +1,227 @@
+/**
+ * Every environment setting of the gateway, the worker and the CLI, in one zod schema.
+ *
+ * Defaults suit a local run (`npm start`). With JETGATE_ENV=production, secrets have no defaults
+ * and must be set. A bad value fails start-up with a ConfigError that names each variable and why.
+ */
+import { z } from "zod";
+import { JetgateError } from "./errors.js";
+import { idProblem } from "./ids.js";
+import { MAX_BODY_BYTES } from "./frames.js";
+
+export class ConfigError extends JetgateError {
+  /** One line per bad variable: `NAME: reason`. */
+  readonly problems: readonly string[];
+  constructor(problems: readonly string[]) {
+    super("CONFIG", `invalid configuration:\n  ${problems.join("\n  ")}`);
+    this.problems = problems;
+  }
+}
+
+const int = (min: number, max: number, def: number) =>
+  z
+    .string()
+    .optional()
+    .transform((v, ctx) => {
+      if (v === undefined || v.trim() === "") return def;
+      if (!/^-?\d+$/.test(v.trim())) {
+        ctx.addIssue({ code: "custom", message: `must be an integer between ${min} and ${max}, got ${JSON.stringify(v)}` });
+        return z.NEVER;
+      }
+      const n = Number(v);
+      if (n < min || n > max) {
+        ctx.addIssue({ code: "custom", message: `must be between ${min} and ${max}, got ${n}` });
+        return z.NEVER;
+      }
+      return n;
+    });
+
+const bool = (def: boolean) =>
+  z
+    .string()
+    .optional()
+    .transform((v, ctx) => {
+      if (v === undefined || v === "") return def;
+      if (/^(1|true|yes|on)$/i.test(v)) return true;
+      if (/^(0|false|no|off)$/i.test(v)) return false;
+      ctx.addIssue({ code: "custom", message: `must be true or false, got ${JSON.stringify(v)}` });
+      return z.NEVER;
+    });
+
+const str = (def: string) =>
+  z
+    .string()
+    .optional()
+    .transform((v) => (v === undefined || v === "" ? def : v));
+
+const optionalStr = z
+  .string()
+  .optional()
+  .transform((v) => (v === undefined || v === "" ? undefined : v));
+
+const urlList = (def: string, schemes: readonly string[]) =>
+  str(def).transform((v, ctx) => {
+    const urls = v.split(",").map((s) => s.trim()).filter((s) => s.length > 0);
+    for (const u of urls) {
+      let parsed: URL;
+      try {
+        parsed = new URL(u);
+      } catch {
+        ctx.addIssue({ code: "custom", message: `not a URL: ${JSON.stringify(u)}` });
+        return z.NEVER;
+      }
+      if (!schemes.includes(parsed.protocol)) {
+        ctx.addIssue({ code: "custom", message: `scheme must be one of ${schemes.join(" ")}, got ${parsed.protocol}` });
+        return z.NEVER;
+      }
+    }
+    if (urls.length === 0) {
+      ctx.addIssue({ code: "custom", message: "must name at least one URL" });
+      return z.NEVER;
+    }
+    return urls;
+  });
+
+/** Comma-separated base64/base64url secrets, newest first. */
+const keyList = z
+  .string()
+  .optional()
+  .transform((v, ctx) => {
+    if (v === undefined || v.trim() === "") return undefined;
+    const keys = v.split(",").map((s) => s.trim()).filter((s) => s.length > 0);
+    const out: Uint8Array[] = [];
+    for (const [i, k] of keys.entries()) {
+      if (!/^[A-Za-z0-9+/_-]+={0,2}$/.test(k)) {
+        ctx.addIssue({ code: "custom", message: `key ${i} is not base64` });
+        return z.NEVER;
+      }
+      const bytes = Buffer.from(k.replace(/-/g, "+").replace(/_/g, "/"), "base64");
+      if (bytes.byteLength < 32) {
+        ctx.addIssue({ code: "custom", message: `key ${i} decodes to ${bytes.byteLength} bytes; at least 32 are required` });
+        return z.NEVER;
+      }
+      out.push(new Uint8Array(bytes));
+    }
+    return out;
+  });
+
+const lanes = str("default").transform((v, ctx) => {
+  const list = v.split(",").map((s) => s.trim()).filter((s) => s.length > 0);
+  for (const l of list) {
+    const p = idProblem("lane", l);
+    if (p !== undefined) {
+      ctx.addIssue({ code: "custom", message: `lane ${p}` });
+      return z.NEVER;
+    }
+  }
+  if (list.length === 0) {
+    ctx.addIssue({ code: "custom", message: "must name at least one lane" });
+    return z.NEVER;
+  }
+  return [...new Set(list)];
+});
+
+const logLevel = str("info").pipe(z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]));
+
+/**
+ * The schema, keyed by environment variable name. Each entry documents itself in docs/config.md
+ * (kept in step by a test) and in the chart's values schema.
+ */
+export const envSchema = z.object({
+  JETGATE_ENV: str("development").pipe(z.enum(["development", "production"])),
+  JETGATE_LOG_LEVEL: logLevel,
+
+  // infrastructure
+  JETGATE_NATS_URL: urlList("nats://127.0.0.1:4222", ["nats:", "tls:", "ws:", "wss:"]),
+  JETGATE_NATS_USER: optionalStr,
+  JETGATE_NATS_PASS: optionalStr,
+  JETGATE_NATS_TOKEN: optionalStr,
+  JETGATE_NATS_CREDS_FILE: optionalStr,
+  JETGATE_NATS_CA_FILE: optionalStr,
+  JETGATE_REDIS_URL: urlList("redis://127.0.0.1:6379", ["redis:", "rediss:"]),
+  JETGATE_REDIS_CLUSTER: bool(false),
+  JETGATE_REDIS_CA_FILE: optionalStr,
+  /** Prefix of every Redis key, so several deployments can share one Redis. */
+  JETGATE_REDIS_PREFIX: str("jg").pipe(z.string().regex(/^[A-Za-z0-9_-]{1,32}$/, "must be 1..32 of A-Z a-z 0-9 _ -")),
+
+  // mailbox streams (used by `registry init`)
+  JETGATE_SHARDS: int(1, 4096, 4),
+  JETGATE_STREAM_REPLICAS: int(1, 5, 1),
+  JETGATE_STREAM_MAX_AGE_S: int(60, 10 * 365 * 86400, 7 * 86400),
+  /** -1: no byte limit. */
+  JETGATE_STREAM_MAX_BYTES: int(-1, Number.MAX_SAFE_INTEGER, -1),
+  JETGATE_DUPLICATE_WINDOW_S: int(1, 86400, 120),
+  JETGATE_LANES: lanes,
+  JETGATE_MAX_BODY_BYTES: int(1, MAX_BODY_BYTES, 64 * 1024),
+
+  // worker
+  JETGATE_WORKER_ID: optionalStr,
+  JETGATE_WORKER_HTTP_PORT: int(0, 65535, 9091),
+  JETGATE_LEASE_MS: int(1000, 600_000, 5000),
+  JETGATE_WORKER_BATCH: int(1, 10_000, 500),
+  JETGATE_HOT_CACHE_MAXLEN: int(0, 100_000, 256),
+  JETGATE_HOT_CACHE_TTL_S: int(1, 30 * 86400, 86400),
+  /** Test-only fault hook: the worker exits right after this step of the batch. */
+  JETGATE_FAULT_EXIT_AFTER: str("").pipe(z.enum(["", "dedup", "watermark", "push"])),
+
+  // gateway
+  JETGATE_GATEWAY_HOST: str("0.0.0.0"),
+  JETGATE_GATEWAY_PORT: int(0, 65535, 8080),
+  JETGATE_JWT_SECRET: optionalStr,
+  JETGATE_JWT_PUBLIC_KEYS_FILE: optionalStr,
+  JETGATE_CURSOR_KEYS: keyList,
+  JETGATE_SERVICE_TOKEN: optionalStr,
+  JETGATE_AUTH_TIMEOUT_MS: int(100, 120_000, 5000),
+  JETGATE_HEARTBEAT_MS: int(1000, 600_000, 25_000),
+  JETGATE_IDLE_TIMEOUT_S: int(8, 960, 60),
+  JETGATE_MAX_PAYLOAD: int(256, 16 * 1024 * 1024, 128 * 1024),
+  JETGATE_MAX_BACKPRESSURE: int(64 * 1024, 256 * 1024 * 1024, 1024 * 1024),
+  JETGATE_DRAIN_MS: int(0, 600_000, 10_000),
+  JETGATE_ALLOW_UWS_FALLBACK: bool(false),
+});
+
+export type Env = z.output<typeof envSchema>;
+export const ENV_VARS = Object.keys(envSchema.shape) as (keyof Env)[];
+
+/** Development-only cursor key: refused when JETGATE_ENV=production. */
+const DEV_CURSOR_KEY = new Uint8Array(Buffer.from("jetgate-development-cursor-key-do-not-use-in-production"));
+
+export interface Config extends Omit<Env, "JETGATE_CURSOR_KEYS"> {
+  JETGATE_CURSOR_KEYS: Uint8Array[];
+}
+
+/**
+ * Parses the environment. Unknown JETGATE_* variables are reported too: a typo should not
+ * silently leave a default in place.
+ */
+export function loadConfig(env: Record<string, string | undefined> = process.env): Config {
+  const problems: string[] = [];
+  const known = new Set<string>(ENV_VARS);
+  for (const name of Object.keys(env)) {
+    if (name.startsWith("JETGATE_") && !known.has(name)) problems.push(`${name}: unknown setting`);
+  }
+  const parsed = envSchema.safeParse(env);
+  if (!parsed.success) {
+    for (const issue of parsed.error.issues) {
+      const name = String(issue.path[0] ?? "(environment)");
+      problems.push(`${name}: ${issue.message}`);
+    }
+  }
+  if (parsed.success) {
+    const c = parsed.data;
+    if (c.JETGATE_ENV === "production") {
+      if (c.JETGATE_CURSOR_KEYS === undefined) problems.push("JETGATE_CURSOR_KEYS: required when JETGATE_ENV=production");
+      if (c.JETGATE_JWT_SECRET === undefined && c.JETGATE_JWT_PUBLIC_KEYS_FILE === undefined) {
+        problems.push("JETGATE_JWT_PUBLIC_KEYS_FILE: required when JETGATE_ENV=production (or JETGATE_JWT_SECRET)");
+      }
+      if (c.JETGATE_FAULT_EXIT_AFTER !== "") problems.push("JETGATE_FAULT_EXIT_AFTER: test-only; refused when JETGATE_ENV=production");
+    }
+    if (c.JETGATE_NATS_TOKEN !== undefined && c.JETGATE_NATS_USER !== undefined) {
+      problems.push("JETGATE_NATS_TOKEN: set either a token or JETGATE_NATS_USER/JETGATE_NATS_PASS, not both");
+    }
+    if (problems.length === 0) {
+      return { ...c, JETGATE_CURSOR_KEYS: c.JETGATE_CURSOR_KEYS ?? [DEV_CURSOR_KEY] };
+    }
+  }
+  throw new ConfigError(problems);
+}

@@ -1,0 +1,10 @@
+/** protocol/: the contract every tier shares. Tiers import from here, never from each other. */
+export * from "./errors.js";
+export * from "./seq.js";
+export * from "./ids.js";
+export * from "./subjects.js";
+export * from "./msgpack.js";
+export * from "./frames.js";
+export * from "./codec.js";
+export * from "./cursor.js";
+export * from "./config.js";

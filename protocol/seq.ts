@@ -1,0 +1,74 @@
+/**
+ * mailbox_seq arithmetic (ADR-0004): `seq = epoch << 48 | offset`, compared as an unsigned u64.
+ *
+ * Always a bigint: a JS number loses integers above 2^53, which a seq passes at epoch 32.
+ * Overflow is an error, never a wrap.
+ */
+import { JetgateError } from "./errors.js";
+
+export type MailboxSeq = bigint;
+
+export const OFFSET_BITS = 48n;
+export const MAX_OFFSET = (1n << OFFSET_BITS) - 1n;
+export const MAX_EPOCH = 0xffff;
+export const U64_MAX = (1n << 64n) - 1n;
+
+export class SeqRangeError extends JetgateError {
+  constructor(message: string) {
+    super("SEQ_RANGE", message);
+  }
+}
+
+function toBigInt(what: string, v: number | bigint): bigint {
+  if (typeof v === "bigint") return v;
+  if (!Number.isSafeInteger(v)) throw new SeqRangeError(`${what} must be an integer, got ${v}`);
+  return BigInt(v);
+}
+
+/** Compose a seq from a shard epoch (0..65535) and a log offset (0..2^48-1). */
+export function composeSeq(epoch: number | bigint, offset: number | bigint): MailboxSeq {
+  const e = toBigInt("epoch", epoch);
+  const o = toBigInt("offset", offset);
+  if (e < 0n || e > BigInt(MAX_EPOCH)) throw new SeqRangeError(`epoch ${e} outside 0..${MAX_EPOCH}`);
+  if (o < 0n || o > MAX_OFFSET) throw new SeqRangeError(`offset ${o} outside 0..2^48-1`);
+  return (e << OFFSET_BITS) | o;
+}
+
+/** Throws unless `seq` is a bigint in 0..2^64-1. */
+export function assertSeq(seq: unknown): asserts seq is MailboxSeq {
+  if (typeof seq !== "bigint") throw new SeqRangeError(`seq must be a bigint, got ${typeof seq}`);
+  if (seq < 0n || seq > U64_MAX) throw new SeqRangeError(`seq ${seq} outside the u64 range`);
+}
+
+/** The epoch part (bits 63..48) as a number. */
+export function seqEpoch(seq: MailboxSeq): number {
+  assertSeq(seq);
+  return Number(seq >> OFFSET_BITS);
+}
+
+/** The log offset part (bits 47..0) as a bigint; offsets fit a number until 2^53, but we never assume it. */
+export function seqOffset(seq: MailboxSeq): bigint {
+  assertSeq(seq);
+  return seq & MAX_OFFSET;
+}
+
+export function compareSeq(a: MailboxSeq, b: MailboxSeq): -1 | 0 | 1 {
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+export function maxSeq(a: MailboxSeq, b: MailboxSeq): MailboxSeq {
+  return a > b ? a : b;
+}
+
+/** 8-byte big-endian encoding: byte order equals numeric order. */
+export function encodeSeq(seq: MailboxSeq): Uint8Array {
+  assertSeq(seq);
+  const out = new Uint8Array(8);
+  new DataView(out.buffer).setBigUint64(0, seq, false);
+  return out;
+}
+
+export function decodeSeq(bytes: Uint8Array): MailboxSeq {
+  if (bytes.byteLength !== 8) throw new SeqRangeError(`an encoded seq has 8 bytes, got ${bytes.byteLength}`);
+  return new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, false);
+}

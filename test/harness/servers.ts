@@ -1,0 +1,230 @@
+/**
+ * Starts real nats-server and redis-server processes on free loopback ports, each in its own temp
+ * dir, so tests can stop, SIGKILL and restart them. Every process started here is killed when the
+ * test process exits, even after a failure.
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync, readFileSync, existsSync } from "node:fs";
+import { createServer, createConnection } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { waitFor } from "./wait.js";
+
+const NATS_BIN = process.env.NATS_SERVER_BIN ?? (existsSync("/usr/sbin/nats-server") ? "/usr/sbin/nats-server" : "nats-server");
+const REDIS_BIN = process.env.REDIS_SERVER_BIN ?? "redis-server";
+
+const live = new Set<ChildProcess>();
+process.on("exit", () => {
+  for (const p of live) p.kill("SIGKILL");
+});
+
+/** A port that was free a moment ago (the OS picks it). */
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.unref();
+    srv.on("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const addr = srv.address();
+      srv.close(() => (typeof addr === "object" && addr !== null ? resolve(addr.port) : reject(new Error("no port"))));
+    });
+  });
+}
+
+function tail(file: string, lines = 20): string {
+  try {
+    return readFileSync(file, "utf8").trim().split("\n").slice(-lines).join("\n");
+  } catch {
+    return "(no log)";
+  }
+}
+
+/** One server process that can be stopped, killed and started again on the same port and data dir. */
+export abstract class ServerProcess {
+  readonly dir: string;
+  readonly port: number;
+  protected proc: ChildProcess | undefined;
+  private exited: Promise<void> = Promise.resolve();
+
+  protected constructor(prefix: string, port: number) {
+    this.dir = mkdtempSync(join(tmpdir(), `jetgate-${prefix}-`));
+    this.port = port;
+  }
+
+  abstract get url(): string;
+  protected abstract command(): { bin: string; args: string[]; log: string };
+  protected abstract ready(): Promise<boolean>;
+
+  get pid(): number | undefined {
+    return this.proc?.pid;
+  }
+
+  get running(): boolean {
+    return this.proc !== undefined;
+  }
+
+  async start(timeoutMs = 15_000): Promise<this> {
+    if (this.proc) return this;
+    const { bin, args, log } = this.command();
+    const proc = spawn(bin, args, { stdio: "ignore", detached: false });
+    this.proc = proc;
+    live.add(proc);
+    let spawnError: Error | undefined;
+    proc.on("error", (e) => (spawnError = e));
+    this.exited = new Promise((resolve) => {
+      proc.on("exit", () => {
+        live.delete(proc);
+        if (this.proc === proc) this.proc = undefined;
+        resolve();
+      });
+    });
+    try {
+      await waitFor(`${bin} on port ${this.port} to be ready`, async () => {
+        if (spawnError) throw new Error(`cannot run ${bin}: ${spawnError.message}`);
+        if (!this.proc) throw new Error(`${bin} exited during start; log:\n${tail(log)}`);
+        return this.ready();
+      }, { timeoutMs, intervalMs: 25 });
+    } catch (err) {
+      proc.kill("SIGKILL");
+      throw err;
+    }
+    return this;
+  }
+
+  /** Sends a signal and waits for the process to exit. */
+  async signal(sig: NodeJS.Signals, timeoutMs = 10_000): Promise<void> {
+    const proc = this.proc;
+    if (!proc) return;
+    proc.kill(sig);
+    let timer: NodeJS.Timeout | undefined;
+    const timedOut = new Promise<"timeout">((resolve) => (timer = setTimeout(() => resolve("timeout"), timeoutMs)));
+    const outcome = await Promise.race([this.exited.then(() => "exited" as const), timedOut]);
+    clearTimeout(timer);
+    if (outcome === "timeout") {
+      proc.kill("SIGKILL");
+      await this.exited;
+    }
+  }
+
+  /** Graceful stop (SIGTERM). */
+  stop(): Promise<void> {
+    return this.signal("SIGTERM");
+  }
+
+  /** Hard kill (SIGKILL): no chance to flush or say goodbye. */
+  kill(): Promise<void> {
+    return this.signal("SIGKILL");
+  }
+
+  /** SIGSTOP / SIGCONT: the process keeps its sockets but stops answering (a partition look-alike). */
+  pause(): void {
+    this.proc?.kill("SIGSTOP");
+  }
+
+  resume(): void {
+    this.proc?.kill("SIGCONT");
+  }
+
+  async restart(): Promise<this> {
+    await this.stop();
+    return this.start();
+  }
+
+  /** Stops the process and removes its data dir. */
+  async dispose(): Promise<void> {
+    this.resume();
+    await this.kill();
+    rmSync(this.dir, { recursive: true, force: true });
+  }
+}
+
+export interface NatsOptions {
+  jetstream?: boolean;
+  /** Extra nats-server arguments (auth, TLS, cluster routes). */
+  args?: string[];
+}
+
+export class NatsServer extends ServerProcess {
+  readonly monitorPort: number;
+  private readonly opts: NatsOptions;
+
+  private constructor(port: number, monitorPort: number, opts: NatsOptions) {
+    super("nats", port);
+    this.monitorPort = monitorPort;
+    this.opts = opts;
+  }
+
+  static async start(opts: NatsOptions = {}): Promise<NatsServer> {
+    const srv = new NatsServer(await freePort(), await freePort(), opts);
+    return srv.start();
+  }
+
+  get url(): string {
+    return `nats://127.0.0.1:${this.port}`;
+  }
+
+  protected command() {
+    const log = join(this.dir, "nats.log");
+    const args = ["-a", "127.0.0.1", "-p", String(this.port), "-m", String(this.monitorPort), "-l", log];
+    if (this.opts.jetstream !== false) args.push("-js", "-sd", join(this.dir, "store"));
+    args.push(...(this.opts.args ?? []));
+    return { bin: NATS_BIN, args, log };
+  }
+
+  protected async ready(): Promise<boolean> {
+    // /healthz answers ok only once JetStream (when enabled) is up.
+    const res = await fetch(`http://127.0.0.1:${this.monitorPort}/healthz`);
+    return res.ok;
+  }
+}
+
+export interface RedisOptions {
+  args?: string[];
+}
+
+export class RedisServer extends ServerProcess {
+  private readonly opts: RedisOptions;
+
+  private constructor(port: number, opts: RedisOptions) {
+    super("redis", port);
+    this.opts = opts;
+  }
+
+  static async start(opts: RedisOptions = {}): Promise<RedisServer> {
+    const srv = new RedisServer(await freePort(), opts);
+    return srv.start();
+  }
+
+  get url(): string {
+    return `redis://127.0.0.1:${this.port}`;
+  }
+
+  protected command() {
+    const log = join(this.dir, "redis.log");
+    const args = [
+      "--port", String(this.port), "--bind", "127.0.0.1", "--dir", this.dir, "--logfile", log,
+      "--save", "", "--appendonly", "no", "--daemonize", "no", ...(this.opts.args ?? []),
+    ];
+    return { bin: REDIS_BIN, args, log };
+  }
+
+  protected ready(): Promise<boolean> {
+    return new Promise((resolve, reject) => {
+      const sock = createConnection({ host: "127.0.0.1", port: this.port });
+      sock.setTimeout(1000);
+      sock.on("connect", () => sock.write("PING\r\n"));
+      sock.on("data", (d) => {
+        sock.destroy();
+        resolve(d.toString().startsWith("+PONG"));
+      });
+      sock.on("timeout", () => {
+        sock.destroy();
+        resolve(false);
+      });
+      sock.on("error", (e) => {
+        sock.destroy();
+        reject(e);
+      });
+    });
+  }
+}

@@ -1,0 +1,74 @@
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import { connect } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager, StorageType } from "@nats-io/jetstream";
+import { headers } from "@nats-io/nats-core";
+import { Redis } from "ioredis";
+import { NatsServer, RedisServer } from "../harness/servers.js";
+import { waitFor } from "../harness/wait.js";
+
+const nats = await NatsServer.start();
+const redis = await RedisServer.start();
+after(async () => {
+  await nats.dispose();
+  await redis.dispose();
+});
+
+test("harness - JetStream publish with Nats-Msg-Id, read back by direct get, dedup inside the window", async () => {
+  const nc = await connect({ servers: nats.url });
+  try {
+    const jsm = await jetstreamManager(nc);
+    await jsm.streams.add({ name: "H", subjects: ["h.>"], storage: StorageType.File, allow_direct: true });
+    const js = jetstream(nc);
+    const a = await js.publish("h.alice.chat", new TextEncoder().encode("hello"), { msgID: "d1:alice" });
+    const b = await js.publish("h.alice.chat", new TextEncoder().encode("hello"), { msgID: "d1:alice" });
+    assert.equal(a.duplicate, false);
+    assert.equal(b.duplicate, true);
+    assert.equal(b.seq, a.seq);
+    const m = await jsm.direct.getMessage("H", { seq: a.seq });
+    assert.ok(m);
+    assert.equal(m.subject, "h.alice.chat");
+    assert.equal(m.header.get("Nats-Msg-Id"), "d1:alice");
+    assert.equal(new TextDecoder().decode(m.data), "hello");
+    const last = await jsm.direct.getMessage("H", { last_by_subj: "h.alice.chat" });
+    assert.equal(last?.seq, a.seq);
+    const h = headers();
+    h.set("Nats-Msg-Id", "d2:alice");
+    const c = await js.publish("h.alice.chat", new Uint8Array(0), { headers: h });
+    assert.equal(c.seq, a.seq + 1);
+  } finally {
+    await nc.close();
+  }
+});
+
+test("harness - Redis round trip", async () => {
+  const r = new Redis(redis.url, { lazyConnect: true, maxRetriesPerRequest: 1 });
+  await r.connect();
+  try {
+    await r.set("k", "v");
+    assert.equal(await r.get("k"), "v");
+  } finally {
+    r.disconnect();
+  }
+});
+
+test("harness - SIGKILL and restart keep the port and the JetStream store", async () => {
+  const pid = nats.pid;
+  await nats.kill();
+  assert.equal(nats.running, false);
+  await nats.start();
+  assert.notEqual(nats.pid, pid);
+  const nc = await connect({ servers: nats.url });
+  try {
+    const jsm = await jetstreamManager(nc);
+    const info = await waitFor("stream H after restart", async () => (await jsm.streams.info("H")).state.messages === 2);
+    assert.equal(info, true);
+  } finally {
+    await nc.close();
+  }
+  await redis.restart();
+  const r = new Redis(redis.url, { lazyConnect: true, maxRetriesPerRequest: 1 });
+  await r.connect();
+  assert.equal(await r.get("k"), null, "redis runs without persistence, as a cache");
+  r.disconnect();
+});

@@ -1,0 +1,80 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { loadConfig, ConfigError, ENV_VARS } from "../../protocol/index.js";
+
+const key = Buffer.alloc(32, 1).toString("base64url");
+
+function problems(env: Record<string, string>): string[] {
+  try {
+    loadConfig(env);
+  } catch (e) {
+    assert.ok(e instanceof ConfigError);
+    assert.equal(e.name, "ConfigError");
+    return [...e.problems];
+  }
+  assert.fail("expected a ConfigError");
+}
+
+test("config - defaults suit a local run", () => {
+  const c = loadConfig({});
+  assert.equal(c.JETGATE_ENV, "development");
+  assert.deepEqual(c.JETGATE_NATS_URL, ["nats://127.0.0.1:4222"]);
+  assert.deepEqual(c.JETGATE_LANES, ["default"]);
+  assert.equal(c.JETGATE_GATEWAY_PORT, 8080);
+  assert.equal(c.JETGATE_CURSOR_KEYS.length, 1);
+  assert.equal(c.JETGATE_ALLOW_UWS_FALLBACK, false);
+});
+
+test("config - values parse into their types", () => {
+  const c = loadConfig({
+    JETGATE_NATS_URL: "nats://a:1, nats://b:2", JETGATE_LANES: "chat,notify,chat", JETGATE_SHARDS: "16",
+    JETGATE_ALLOW_UWS_FALLBACK: "yes", JETGATE_CURSOR_KEYS: `${key},${Buffer.alloc(40, 2).toString("base64")}`,
+  });
+  assert.deepEqual(c.JETGATE_NATS_URL, ["nats://a:1", "nats://b:2"]);
+  assert.deepEqual(c.JETGATE_LANES, ["chat", "notify"]);
+  assert.equal(c.JETGATE_SHARDS, 16);
+  assert.equal(c.JETGATE_ALLOW_UWS_FALLBACK, true);
+  assert.equal(c.JETGATE_CURSOR_KEYS[1]!.byteLength, 40);
+});
+
+test("config - each bad value is named with its variable and reason", () => {
+  const cases: [Record<string, string>, RegExp][] = [
+    [{ JETGATE_GATEWAY_PORT: "abc" }, /^JETGATE_GATEWAY_PORT: must be an integer between 0 and 65535/],
+    [{ JETGATE_GATEWAY_PORT: "70000" }, /^JETGATE_GATEWAY_PORT: must be between 0 and 65535, got 70000/],
+    [{ JETGATE_NATS_URL: "http://x" }, /^JETGATE_NATS_URL: scheme must be one of/],
+    [{ JETGATE_NATS_URL: "::" }, /^JETGATE_NATS_URL: not a URL/],
+    [{ JETGATE_REDIS_URL: "nats://x" }, /^JETGATE_REDIS_URL: scheme/],
+    [{ JETGATE_LANES: "a.b" }, /^JETGATE_LANES: lane may contain only/],
+    [{ JETGATE_ALLOW_UWS_FALLBACK: "maybe" }, /^JETGATE_ALLOW_UWS_FALLBACK: must be true or false/],
+    [{ JETGATE_LOG_LEVEL: "loud" }, /^JETGATE_LOG_LEVEL: /],
+    [{ JETGATE_CURSOR_KEYS: "short" }, /^JETGATE_CURSOR_KEYS: key 0 decodes to 3 bytes/],
+    [{ JETGATE_CURSOR_KEYS: "!!!" }, /^JETGATE_CURSOR_KEYS: key 0 is not base64/],
+    [{ JETGATE_REDIS_PREFIX: "a:b" }, /^JETGATE_REDIS_PREFIX: /],
+    [{ JETGATE_PORT: "1" }, /^JETGATE_PORT: unknown setting/],
+    [{ JETGATE_ENV: "production" }, /^JETGATE_CURSOR_KEYS: required when JETGATE_ENV=production/],
+    [{ JETGATE_NATS_TOKEN: "t", JETGATE_NATS_USER: "u" }, /^JETGATE_NATS_TOKEN: set either/],
+    [{ JETGATE_ENV: "production", JETGATE_CURSOR_KEYS: key, JETGATE_JWT_SECRET: "s", JETGATE_FAULT_EXIT_AFTER: "push" }, /^JETGATE_FAULT_EXIT_AFTER: test-only/],
+  ];
+  for (const [env, re] of cases) {
+    const p = problems(env);
+    assert.ok(p.some((line) => re.test(line)), `${JSON.stringify(env)} -> ${JSON.stringify(p)}`);
+  }
+});
+
+test("config - all problems are reported at once", () => {
+  const p = problems({ JETGATE_GATEWAY_PORT: "x", JETGATE_SHARDS: "0", JETGATE_TYPO: "1" });
+  assert.equal(p.length, 3, JSON.stringify(p));
+});
+
+test("config - production with its secrets set is accepted", () => {
+  const c = loadConfig({ JETGATE_ENV: "production", JETGATE_CURSOR_KEYS: key, JETGATE_JWT_SECRET: "s" });
+  assert.equal(c.JETGATE_CURSOR_KEYS.length, 1);
+  assert.ok(ENV_VARS.includes("JETGATE_NATS_URL"));
+});
+
+test("config - docs/config.md documents exactly the variables of the schema", async () => {
+  const { readFile } = await import("node:fs/promises");
+  const doc = await readFile(new URL("../../docs/config.md", import.meta.url), "utf8");
+  const documented = new Set([...doc.matchAll(/^\| `(JETGATE_[A-Z0-9_]+)` \|/gm)].map((m) => m[1]));
+  assert.deepEqual([...documented].sort(), [...ENV_VARS].sort());
+});
