@@ -28,5 +28,9 @@ export default tseslint.config(
   {
     files: ["**/*.js", "**/*.mjs"],
     ...tseslint.configs.disableTypeChecked,
+    languageOptions: {
+      ...tseslint.configs.disableTypeChecked.languageOptions,
+      globals: { URL: "readonly", process: "readonly", console: "readonly" },
+    },
   },
 );

@@ -161,8 +161,10 @@ export const envSchema = z.object({
   JETGATE_WORKER_BATCH: int(1, 10_000, 500),
   JETGATE_HOT_CACHE_MAXLEN: int(0, 100_000, 256),
   JETGATE_HOT_CACHE_TTL_S: int(1, 30 * 86400, 86400),
-  /** Test-only fault hook: the worker exits right after this step of the batch. */
-  JETGATE_FAULT_EXIT_AFTER: str("").pipe(z.enum(["", "dedup", "watermark", "push"])),
+  /** Dedup memory of dispatch_id:user; 0 means the stream retention (JETGATE_STREAM_MAX_AGE_S). */
+  JETGATE_DEDUP_TTL_S: int(0, 10 * 365 * 86400, 0),
+  /** Test-only fault hook: the worker SIGKILLs itself right after this step of a batch. */
+  JETGATE_FAULT_EXIT_AFTER: str("").pipe(z.enum(["", "redis", "push"])),
 
   // gateway
   JETGATE_GATEWAY_HOST: str("0.0.0.0"),

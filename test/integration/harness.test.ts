@@ -2,7 +2,7 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, StorageType } from "@nats-io/jetstream";
-import { headers } from "@nats-io/nats-core";
+import { headers } from "@nats-io/transport-node";
 import { Redis } from "ioredis";
 import { NatsServer, RedisServer } from "../harness/servers.js";
 import { waitFor } from "../harness/wait.js";

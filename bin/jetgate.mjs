@@ -1,0 +1,20 @@
+#!/usr/bin/env node
+// The `jetgate` command: runs the compiled CLI when built (npm run build), else the TypeScript
+// sources through tsx (a development checkout).
+import { existsSync } from "node:fs";
+
+const dist = new URL("../dist/worker/cli.js", import.meta.url);
+const mod = existsSync(dist) ? await import(dist.href) : await (async () => {
+  const { register } = await import("tsx/esm/api");
+  register();
+  return import(new URL("../worker/cli.ts", import.meta.url).href);
+})();
+mod.cli(process.argv.slice(2)).then(
+  (code) => {
+    if (code >= 0) process.exit(code);
+  },
+  (err) => {
+    console.error(err?.name === "ConfigError" || err?.name === "UsageError" ? err.message : err);
+    process.exit(err?.name === "UsageError" ? 64 : 1);
+  },
+);

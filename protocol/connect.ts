@@ -1,0 +1,72 @@
+/** NATS and Redis connections built from the config, the same way in every tier. */
+import { readFileSync } from "node:fs";
+import { connect, credsAuthenticator, type NatsConnection, type NodeConnectionOptions } from "@nats-io/transport-node";
+import { Cluster, Redis, type RedisOptions } from "ioredis";
+import type { Config } from "./config.js";
+
+export type NatsSettings = Pick<
+  Config,
+  "JETGATE_NATS_URL" | "JETGATE_NATS_USER" | "JETGATE_NATS_PASS" | "JETGATE_NATS_TOKEN" | "JETGATE_NATS_CREDS_FILE" | "JETGATE_NATS_CA_FILE"
+>;
+
+export function natsOptions(c: NatsSettings, name: string): NodeConnectionOptions {
+  const opts: NodeConnectionOptions = {
+    servers: c.JETGATE_NATS_URL,
+    name,
+    // Keep reconnecting forever: a gateway or worker without NATS is not ready, but must come back.
+    maxReconnectAttempts: -1,
+    reconnectTimeWait: 250,
+    pingInterval: 10_000,
+  };
+  if (c.JETGATE_NATS_USER !== undefined) {
+    opts.user = c.JETGATE_NATS_USER;
+    if (c.JETGATE_NATS_PASS !== undefined) opts.pass = c.JETGATE_NATS_PASS;
+  }
+  if (c.JETGATE_NATS_TOKEN !== undefined) opts.token = c.JETGATE_NATS_TOKEN;
+  if (c.JETGATE_NATS_CREDS_FILE !== undefined) {
+    opts.authenticator = credsAuthenticator(readFileSync(c.JETGATE_NATS_CREDS_FILE));
+  }
+  if (c.JETGATE_NATS_CA_FILE !== undefined) opts.tls = { caFile: c.JETGATE_NATS_CA_FILE };
+  return opts;
+}
+
+export function connectNats(c: NatsSettings, name: string): Promise<NatsConnection> {
+  return connect(natsOptions(c, name));
+}
+
+export type RedisClient = Redis | Cluster;
+export type RedisSettings = Pick<Config, "JETGATE_REDIS_URL" | "JETGATE_REDIS_CLUSTER" | "JETGATE_REDIS_CA_FILE">;
+
+/**
+ * A Redis (or Redis Cluster) client with auto-pipelining: commands issued in the same tick go out
+ * in one round trip per node. That is how batches are sent, because an explicit pipeline cannot
+ * span cluster slots.
+ */
+export function connectRedis(c: RedisSettings, name: string): RedisClient {
+  const tls = c.JETGATE_REDIS_CA_FILE !== undefined ? { ca: readFileSync(c.JETGATE_REDIS_CA_FILE) } : undefined;
+  const base: RedisOptions = {
+    connectionName: name,
+    enableAutoPipelining: true,
+    maxRetriesPerRequest: 2,
+    // Reconnect forever with a capped backoff; callers see errors while it is down and retry.
+    retryStrategy: (times) => Math.min(50 * times, 1000),
+    ...(tls ? { tls } : {}),
+  };
+  if (c.JETGATE_REDIS_CLUSTER) {
+    const nodes = c.JETGATE_REDIS_URL.map((u) => {
+      const url = new URL(u);
+      return { host: url.hostname, port: Number(url.port || 6379) };
+    });
+    const first = new URL(c.JETGATE_REDIS_URL[0]!);
+    return new Cluster(nodes, {
+      enableAutoPipelining: true,
+      clusterRetryStrategy: (times) => Math.min(100 * times, 2000),
+      redisOptions: {
+        ...base,
+        ...(first.username ? { username: decodeURIComponent(first.username) } : {}),
+        ...(first.password ? { password: decodeURIComponent(first.password) } : {}),
+      },
+    });
+  }
+  return new Redis(c.JETGATE_REDIS_URL[0]!, base);
+}

@@ -1,0 +1,141 @@
+/**
+ * What a mailbox entry looks like inside NATS:
+ * - in a shard stream, the body `{id, d, ts, b}` (message id, dispatch id, ms, bytes) under the
+ *   subject `mbx.<shard>.<user>.<lane>` (DESIGN section 4);
+ * - on `push.<user>`, `{shard, epoch, e: Entry}` published by the owning worker.
+ *
+ * Both are read on hot paths (every entry a worker processes, every push a gateway fans out), so
+ * they are checked by hand rather than by zod; the checks are as strict as the frame schemas.
+ */
+import { JetgateError } from "./errors.js";
+import { MAX_BODY_BYTES, type Entry } from "./frames.js";
+import { idProblem } from "./ids.js";
+import { MsgpackWriter, unpackOne } from "./msgpack.js";
+import { MAX_EPOCH, U64_MAX } from "./seq.js";
+import { encodeEntry } from "./codec.js";
+
+export class EntryFormatError extends JetgateError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super("ENTRY_FORMAT", message, options);
+  }
+}
+
+export interface StoredEntry {
+  /** message_id: devices dedup by it. */
+  id: string;
+  /** dispatch_id: the worker dedups `dispatch_id:user` by it. */
+  d: string;
+  ts: number;
+  b: Uint8Array<ArrayBuffer>;
+}
+
+export function encodeStoredEntry(e: StoredEntry): Uint8Array {
+  const w = new MsgpackWriter(48 + e.b.byteLength);
+  w.mapHeader(4).str("id").str(e.id).str("d").str(e.d).str("ts").uint(e.ts).str("b").bin(e.b);
+  return w.toBytes();
+}
+
+function asMap(bytes: Uint8Array, what: string): Record<string, unknown> {
+  let v: unknown;
+  try {
+    v = unpackOne(bytes);
+  } catch (err) {
+    throw new EntryFormatError(`${what} is not msgpack`, { cause: err });
+  }
+  if (v === null || typeof v !== "object" || Array.isArray(v) || v instanceof Uint8Array) {
+    throw new EntryFormatError(`${what} is not a map`);
+  }
+  return v as Record<string, unknown>;
+}
+
+function checkId(kind: "message" | "dispatch" | "lane", v: unknown, what: string): string {
+  const p = idProblem(kind, v);
+  if (p !== undefined) throw new EntryFormatError(`${what}: ${kind} id ${p}`);
+  return v as string;
+}
+
+function checkBytes(v: unknown, what: string): Uint8Array<ArrayBuffer> {
+  if (!(v instanceof Uint8Array)) throw new EntryFormatError(`${what}: body must be bytes`);
+  if (v.byteLength > MAX_BODY_BYTES) throw new EntryFormatError(`${what}: body over ${MAX_BODY_BYTES} bytes`);
+  return v as Uint8Array<ArrayBuffer>;
+}
+
+function checkTs(v: unknown, what: string): number {
+  const n = typeof v === "bigint" && v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v;
+  if (typeof n !== "number" || !Number.isSafeInteger(n) || n < 0) throw new EntryFormatError(`${what}: ts must be a ms timestamp`);
+  return n;
+}
+
+function checkU64(v: unknown, what: string): bigint {
+  const n = typeof v === "number" && Number.isSafeInteger(v) ? BigInt(v) : v;
+  if (typeof n !== "bigint" || n < 0n || n > U64_MAX) throw new EntryFormatError(`${what} must be a u64`);
+  return n;
+}
+
+export function decodeStoredEntry(bytes: Uint8Array): StoredEntry {
+  const m = asMap(bytes, "stored entry");
+  return {
+    id: checkId("message", m.id, "stored entry"),
+    d: checkId("dispatch", m.d, "stored entry"),
+    ts: checkTs(m.ts, "stored entry"),
+    b: checkBytes(m.b, "stored entry"),
+  };
+}
+
+export interface Push {
+  shard: number;
+  epoch: number;
+  entry: Entry;
+}
+
+/** Encodes a push; the entry inside is the wire entry, so a gateway can forward it as it is. */
+export function encodePush(p: Push): Uint8Array {
+  const entry = encodeEntry(p.entry);
+  const w = new MsgpackWriter(32 + entry.byteLength);
+  w.mapHeader(3).str("shard").uint(p.shard).str("epoch").uint(p.epoch).str("e").raw(entry);
+  return w.toBytes();
+}
+
+export function decodePush(bytes: Uint8Array): Push {
+  const m = asMap(bytes, "push");
+  const shard = m.shard;
+  const epoch = m.epoch;
+  if (typeof shard !== "number" || !Number.isInteger(shard) || shard < 0 || shard > 0xffffffff) throw new EntryFormatError("push: bad shard");
+  if (typeof epoch !== "number" || !Number.isInteger(epoch) || epoch < 0 || epoch > MAX_EPOCH) throw new EntryFormatError("push: bad epoch");
+  const e = m.e;
+  if (e === null || typeof e !== "object" || Array.isArray(e) || e instanceof Uint8Array) throw new EntryFormatError("push: e must be a map");
+  const x = e as Record<string, unknown>;
+  const entry: Entry = {
+    seq: checkU64(x.seq, "push seq"),
+    id: checkId("message", x.id, "push"),
+    lane: checkId("lane", x.lane, "push"),
+    prev: x.prev === null || x.prev === undefined ? null : checkU64(x.prev, "push prev"),
+    ts: checkTs(x.ts, "push"),
+    b: checkBytes(x.b, "push"),
+  };
+  return { shard, epoch, entry };
+}
+
+/**
+ * A hot-cache record (Redis stream entry of fields `s`, `p`, `e`): `s` the seq and `p` the prev as
+ * 20-digit decimals (`p` empty when unknown), `e` the rest of the entry as msgpack `{id, lane, ts, b}`.
+ * `prev` is decided inside the Redis script, so it cannot be part of the pre-encoded bytes.
+ */
+export function encodeCacheBody(e: { id: string; lane: string; ts: number; b: Uint8Array }): Uint8Array {
+  const w = new MsgpackWriter(48 + e.b.byteLength);
+  w.mapHeader(4).str("id").str(e.id).str("lane").str(e.lane).str("ts").uint(e.ts).str("b").bin(e.b);
+  return w.toBytes();
+}
+
+export function decodeCacheRecord(seq: string, prev: string, body: Uint8Array): Entry {
+  if (!/^\d{1,20}$/.test(seq) || (prev !== "" && !/^\d{1,20}$/.test(prev))) throw new EntryFormatError("cache record: bad seq or prev");
+  const m = asMap(body, "cache record");
+  return {
+    seq: checkU64(BigInt(seq), "cache seq"),
+    id: checkId("message", m.id, "cache record"),
+    lane: checkId("lane", m.lane, "cache record"),
+    prev: prev === "" ? null : checkU64(BigInt(prev), "cache prev"),
+    ts: checkTs(m.ts, "cache record"),
+    b: checkBytes(m.b, "cache record"),
+  };
+}

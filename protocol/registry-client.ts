@@ -1,0 +1,176 @@
+/**
+ * Reads and writes the shard registry on the JETGATE_REGISTRY stream (DESIGN section 3).
+ *
+ * Every write is appended with Nats-Expected-Last-Sequence = the last record this client has
+ * applied; a conflict means someone else wrote first, so the client waits until it has applied
+ * that record, asks the mutation again with the new state, and retries. Stream-level optimistic
+ * concurrency is decided in consensus on every NATS version, unlike KV CAS on 2.9.10.
+ */
+import type { NatsConnection } from "@nats-io/transport-node";
+import {
+  jetstream,
+  jetstreamManager,
+  DeliverPolicy,
+  JetStreamApiCodes,
+  JetStreamApiError,
+  type ConsumerMessages,
+  type JetStreamClient,
+} from "@nats-io/jetstream";
+import { REGISTRY_STREAM, REGISTRY_SUBJECT } from "./subjects.js";
+import {
+  EMPTY_REGISTRY,
+  RegistryError,
+  ShardMap,
+  applyRecord,
+  decodeRecord,
+  encodeRecord,
+  type RegistryRecord,
+  type RegistryState,
+} from "./registry-model.js";
+import { isNotFound } from "./streams.js";
+
+export type RegistryListener = (state: RegistryState) => void;
+
+export interface RegistryClientOptions {
+  /** Called for a record that fails validation; it is skipped. */
+  onBadRecord?: (seq: number, err: unknown) => void;
+  /** How long `open` waits to catch up with the stream. */
+  loadTimeoutMs?: number;
+}
+
+export class RegistryClient {
+  private current: RegistryState = EMPTY_REGISTRY;
+  private map = new ShardMap(EMPTY_REGISTRY);
+  private readonly listeners = new Set<RegistryListener>();
+  private readonly waiters: { seq: number; resolve: () => void }[] = [];
+  private messages: ConsumerMessages | undefined;
+  private readonly js: JetStreamClient;
+  private closed = false;
+
+  private constructor(
+    private readonly nc: NatsConnection,
+    private readonly opts: RegistryClientOptions,
+  ) {
+    this.js = jetstream(nc);
+  }
+
+  /** Loads the registry (every record, in order) and keeps following it. The stream must exist. */
+  static async open(nc: NatsConnection, opts: RegistryClientOptions = {}): Promise<RegistryClient> {
+    const client = new RegistryClient(nc, opts);
+    await client.start();
+    return client;
+  }
+
+  get state(): RegistryState {
+    return this.current;
+  }
+
+  get shards(): ShardMap {
+    return this.map;
+  }
+
+  onChange(listener: RegistryListener): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  private async start(): Promise<void> {
+    const jsm = await jetstreamManager(this.nc);
+    let last: number;
+    try {
+      last = (await jsm.streams.info(REGISTRY_STREAM)).state.last_seq;
+    } catch (err) {
+      if (isNotFound(err)) throw new RegistryError(`stream ${REGISTRY_STREAM} does not exist: run \`jetgate registry init\``, { cause: err });
+      throw err;
+    }
+    const consumer = await this.js.consumers.get(REGISTRY_STREAM, { deliver_policy: DeliverPolicy.All });
+    this.messages = await consumer.consume();
+    void this.follow(this.messages);
+    await this.waitFor(last, this.opts.loadTimeoutMs ?? 10_000);
+  }
+
+  private async follow(messages: ConsumerMessages): Promise<void> {
+    for await (const m of messages) {
+      try {
+        const record = decodeRecord(m.data);
+        this.current = applyRecord(this.current, m.seq, record);
+        this.map = new ShardMap(this.current);
+      } catch (err) {
+        // Skipped records still advance the position, so writers are not stuck behind them.
+        this.current = { ...this.current, seq: m.seq };
+        this.opts.onBadRecord?.(m.seq, err);
+      }
+      this.settleWaiters();
+      for (const l of this.listeners) l(this.current);
+    }
+  }
+
+  private settleWaiters(): void {
+    for (let i = this.waiters.length - 1; i >= 0; i--) {
+      const w = this.waiters[i]!;
+      if (this.current.seq >= w.seq) {
+        this.waiters.splice(i, 1);
+        w.resolve();
+      }
+    }
+  }
+
+  /** Resolves once the record at `seq` (or later) has been applied. */
+  waitFor(seq: number, timeoutMs = 10_000): Promise<void> {
+    if (this.current.seq >= seq) return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        const i = this.waiters.indexOf(waiter);
+        if (i >= 0) this.waiters.splice(i, 1);
+        reject(new RegistryError(`registry did not reach record ${seq} within ${timeoutMs} ms (at ${this.current.seq})`));
+      }, timeoutMs);
+      const waiter = {
+        seq,
+        resolve: () => {
+          clearTimeout(timer);
+          resolve();
+        },
+      };
+      this.waiters.push(waiter);
+    });
+  }
+
+  /**
+   * Appends the record `mutate` builds from the current state, retrying on write conflicts with a
+   * fresh state. `mutate` returns null when there is nothing to write (then null is returned).
+   * Resolves after the record is acknowledged by JetStream and applied locally.
+   */
+  async update(
+    mutate: (state: RegistryState) => RegistryRecord | null,
+    { attempts = 50 }: { attempts?: number } = {},
+  ): Promise<{ seq: number; state: RegistryState } | null> {
+    for (let i = 0; i < attempts; i++) {
+      if (this.closed) throw new RegistryError("registry client is closed");
+      const base = this.current;
+      const record = mutate(base);
+      if (record === null) return null;
+      try {
+        const ack = await this.js.publish(REGISTRY_SUBJECT, encodeRecord(record), { expect: { lastSequence: base.seq } });
+        await this.waitFor(ack.seq);
+        return { seq: ack.seq, state: this.current };
+      } catch (err) {
+        if (!isWrongLastSequence(err)) throw err;
+        // Someone else wrote first: wait until we have applied their record, then try again.
+        await this.waitFor(base.seq + 1).catch(() => undefined);
+      }
+    }
+    throw new RegistryError(`registry write lost ${attempts} races in a row`);
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.messages?.close();
+  }
+}
+
+function isWrongLastSequence(err: unknown): boolean {
+  return (
+    err instanceof JetStreamApiError &&
+    (err.code === JetStreamApiCodes.StreamWrongLastSequence || err.code === JetStreamApiCodes.StreamWrongLastSequenceUnknown)
+  );
+}

@@ -1,0 +1,248 @@
+/**
+ * The shard registry as data, and the pure rules over it (ADR-0004, DESIGN section 3).
+ *
+ * The registry is a log of records on the JETGATE_REGISTRY stream. Each record carries the whole
+ * new state of every shard it changes, so one append can change several shards atomically (a split
+ * changes parent and child). State is the fold of all records. Records cross a trust boundary (any
+ * NATS client with access could write one), so they are parsed with zod.
+ */
+import { z } from "zod";
+import { JetgateError } from "./errors.js";
+import { HASH_SPACE, userHash } from "./hash.js";
+import { idSchema } from "./ids.js";
+import { composeSeq, MAX_EPOCH, MAX_OFFSET, U64_MAX, type MailboxSeq } from "./seq.js";
+import { shardStream } from "./subjects.js";
+
+export class RegistryError extends JetgateError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super("REGISTRY", message, options);
+  }
+}
+
+/** Why an epoch went up (ADR-0004 section 2): E1 takeover, E2 split/merge, E3 rebuild, E4 failover. */
+export const EpochCause = z.enum(["init", "takeover", "split", "merge", "rebuild", "failover"]);
+export type EpochCause = z.output<typeof EpochCause>;
+
+/** A seq as it is stored in JSON: a decimal string (JSON numbers lose integers above 2^53). */
+const seqJson = z
+  .union([z.string().regex(/^\d{1,20}$/, "must be a decimal string"), z.bigint()])
+  .transform((v) => BigInt(v))
+  .refine((v) => v <= U64_MAX, "must fit in 64 bits");
+const u32 = z.number().int().min(0).max(0xffffffff);
+const offset = z.number().int().min(0).max(Number(MAX_OFFSET));
+const epoch = z.number().int().min(0).max(MAX_EPOCH);
+
+export const EpochBoundarySchema = z.object({
+  epoch,
+  cause: EpochCause,
+  /** Stream generation id: which physical log this epoch's offsets refer to. */
+  log: idSchema("log"),
+  /** First log offset processed under this epoch. */
+  start_offset: offset,
+  start_seq: seqJson,
+  /** Seq of the last entry before this boundary, in the numbering of its time (0 if none). */
+  prev_end_seq: seqJson,
+});
+export type EpochBoundary = z.output<typeof EpochBoundarySchema>;
+
+export const HashRangeSchema = z
+  .object({ lo: u32, hi: u32 })
+  .refine((r) => r.lo <= r.hi, "range lo must not exceed hi");
+export type HashRange = z.output<typeof HashRangeSchema>;
+
+export const SplitBoundarySchema = z.object({
+  parent: u32,
+  child: u32,
+  range: HashRangeSchema,
+  /** Last seq, in the parent's numbering, that belongs to the parent for moved users. */
+  split_at_seq: seqJson,
+  /** First seq of the child shard. */
+  child_start_seq: seqJson,
+});
+export type SplitBoundary = z.output<typeof SplitBoundarySchema>;
+
+export const ShardStateSchema = z.object({
+  shard: u32,
+  /** Hash range of users this shard owns (empty for a retired shard, see `status`). */
+  range: HashRangeSchema,
+  status: z.enum(["active", "retired"]),
+  epoch,
+  /** Current log (stream generation id); equals the last boundary's log. */
+  log: idSchema("log"),
+  /** Ascending by epoch; the last one is the current epoch's. */
+  boundaries: z.array(EpochBoundarySchema).min(1),
+  /** Splits this shard took part in, as parent or child. */
+  splits: z.array(SplitBoundarySchema),
+});
+export type ShardState = z.output<typeof ShardStateSchema>;
+
+export const RegistryRecordSchema = z.object({
+  v: z.literal(1),
+  op: z.enum(["init", "takeover", "split", "merge", "rebuild", "failover"]),
+  /** Wall-clock ms when written (informational). */
+  at: z.number().int().min(0),
+  /** Who wrote it (worker id, `cli`, ...). */
+  by: z.string().max(128),
+  shards: z.array(ShardStateSchema).min(1),
+});
+export type RegistryRecord = z.output<typeof RegistryRecordSchema>;
+
+export function encodeRecord(record: RegistryRecord): Uint8Array {
+  return new TextEncoder().encode(JSON.stringify(record, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v)));
+}
+
+export function decodeRecord(bytes: Uint8Array): RegistryRecord {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(new TextDecoder().decode(bytes));
+  } catch (err) {
+    throw new RegistryError("registry record is not JSON", { cause: err });
+  }
+  const parsed = RegistryRecordSchema.safeParse(raw);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0];
+    throw new RegistryError(`invalid registry record: ${issue?.path.join(".")}: ${issue?.message}`);
+  }
+  return checkShardInvariants(parsed.data);
+}
+
+/** Rules zod cannot state per field: boundaries ascend, the last one is the shard's epoch and log. */
+function checkShardInvariants(record: RegistryRecord): RegistryRecord {
+  for (const s of record.shards) {
+    const last = s.boundaries[s.boundaries.length - 1]!;
+    if (last.epoch !== s.epoch || last.log !== s.log) {
+      throw new RegistryError(`shard ${s.shard}: last boundary (epoch ${last.epoch}, log ${last.log}) is not the current epoch/log`);
+    }
+    for (let i = 1; i < s.boundaries.length; i++) {
+      if (s.boundaries[i]!.epoch <= s.boundaries[i - 1]!.epoch) throw new RegistryError(`shard ${s.shard}: boundaries must ascend by epoch`);
+    }
+    for (const b of s.boundaries) {
+      if (b.start_seq !== composeSeq(b.epoch, b.start_offset)) throw new RegistryError(`shard ${s.shard}: boundary ${b.epoch} start_seq mismatch`);
+    }
+  }
+  return record;
+}
+
+/** The folded registry: every shard's current state and the stream seq of the last record applied. */
+export interface RegistryState {
+  readonly seq: number;
+  readonly shards: ReadonlyMap<number, ShardState>;
+}
+
+export const EMPTY_REGISTRY: RegistryState = { seq: 0, shards: new Map() };
+
+/**
+ * Applies one record. A record may only raise a shard's epoch (or keep it for a pure range change);
+ * one that would lower it is refused, so a forged or replayed record cannot move epochs back.
+ */
+export function applyRecord(state: RegistryState, seq: number, record: RegistryRecord): RegistryState {
+  const shards = new Map(state.shards);
+  for (const s of record.shards) {
+    const prev = shards.get(s.shard);
+    if (prev !== undefined && s.epoch < prev.epoch) {
+      throw new RegistryError(`record ${seq} lowers shard ${s.shard} epoch from ${prev.epoch} to ${s.epoch}`);
+    }
+    shards.set(s.shard, s);
+  }
+  return { seq, shards };
+}
+
+/** The range of shard `i` of `n` when the hash space is cut evenly. */
+export function evenRange(i: number, n: number): HashRange {
+  return { lo: Math.floor((i * HASH_SPACE) / n), hi: Math.floor(((i + 1) * HASH_SPACE) / n) - 1 };
+}
+
+/** Shards 0..n-1 at epoch 0, each on its own log. */
+export function initialShards(n: number, logs: readonly string[]): ShardState[] {
+  if (logs.length !== n) throw new RegistryError(`need ${n} log ids, got ${logs.length}`);
+  return logs.map((log, i) => ({
+    shard: i,
+    range: evenRange(i, n),
+    status: "active" as const,
+    epoch: 0,
+    log,
+    boundaries: [{ epoch: 0, cause: "init" as const, log, start_offset: 1, start_seq: composeSeq(0, 1), prev_end_seq: 0n }],
+    splits: [],
+  }));
+}
+
+/**
+ * The seq of the entry at `offset` of `log`: the latest boundary of that log whose start_offset
+ * is at or below it gives the epoch. Undefined when no boundary of that log covers the offset.
+ */
+export function deriveSeq(shard: ShardState, log: string, offset: number): MailboxSeq | undefined {
+  for (let i = shard.boundaries.length - 1; i >= 0; i--) {
+    const b = shard.boundaries[i]!;
+    if (b.log === log && b.start_offset <= offset) return composeSeq(b.epoch, offset);
+  }
+  return undefined;
+}
+
+export interface EpochBump {
+  cause: EpochCause;
+  /** First offset to process under the new epoch. */
+  start_offset: number;
+  /** The log of the new epoch; defaults to the current one (E1, and E2 for the parent). */
+  log?: string;
+  /** For a new log (E3, E4): the last offset of the old log, to record prev_end_seq. */
+  prev_end_offset?: number;
+}
+
+/** The shard with its epoch raised by one and the boundary of the new epoch appended. Pure. */
+export function bumpEpoch(shard: ShardState, bump: EpochBump): ShardState {
+  const next = shard.epoch + 1;
+  if (next > MAX_EPOCH) throw new RegistryError(`shard ${shard.shard} has used all ${MAX_EPOCH} epochs`);
+  const log = bump.log ?? shard.log;
+  const current = shard.boundaries[shard.boundaries.length - 1]!;
+  const lastOffset = log === shard.log ? bump.start_offset - 1 : bump.prev_end_offset;
+  const prevEnd = lastOffset !== undefined && lastOffset > 0 ? deriveSeq(shard, shard.log, lastOffset) : undefined;
+  const boundary: EpochBoundary = {
+    epoch: next,
+    cause: bump.cause,
+    log,
+    start_offset: bump.start_offset,
+    start_seq: composeSeq(next, bump.start_offset),
+    prev_end_seq: prevEnd ?? current.prev_end_seq,
+  };
+  return { ...shard, epoch: next, log, boundaries: [...shard.boundaries, boundary] };
+}
+
+/** Looks users up by hash among the active shards. */
+export class ShardMap {
+  private readonly ranges: { lo: number; hi: number; shard: number }[];
+
+  constructor(state: RegistryState) {
+    this.ranges = [...state.shards.values()]
+      .filter((s) => s.status === "active")
+      .map((s) => ({ lo: s.range.lo, hi: s.range.hi, shard: s.shard }))
+      .sort((a, b) => a.lo - b.lo);
+  }
+
+  /** The shard owning this hash, or undefined when no active shard covers it. */
+  shardOfHash(h: number): number | undefined {
+    let lo = 0;
+    let hi = this.ranges.length - 1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      const r = this.ranges[mid]!;
+      if (h < r.lo) hi = mid - 1;
+      else if (h > r.hi) lo = mid + 1;
+      else return r.shard;
+    }
+    return undefined;
+  }
+
+  shardOf(user: string): number | undefined {
+    return this.shardOfHash(userHash(user));
+  }
+}
+
+/** True when the shard's range covers this user. */
+export function ownsUser(shard: ShardState, user: string): boolean {
+  const h = userHash(user);
+  return shard.status === "active" && h >= shard.range.lo && h <= shard.range.hi;
+}
+
+export function shardStreamName(shard: ShardState): string {
+  return shardStream(shard.shard);
+}

@@ -1,0 +1,98 @@
+/**
+ * JetStream streams of jetgate (DESIGN section 4) and their settings, in one place.
+ *
+ * Each shard stream records its log id (stream generation) in its description, so a worker can
+ * tell the stream the registry means from one recreated behind its back.
+ */
+import { randomBytes } from "node:crypto";
+import { nanos } from "@nats-io/transport-node";
+import {
+  DiscardPolicy,
+  JetStreamApiCodes,
+  JetStreamApiError,
+  RetentionPolicy,
+  StorageType,
+  type JetStreamManager,
+  type StreamConfig,
+  type StreamInfo,
+} from "@nats-io/jetstream";
+import type { Config } from "./config.js";
+import { INGRESS_STREAM, INGRESS_SUBJECTS, REGISTRY_STREAM, REGISTRY_SUBJECT, shardStream, shardSubjects } from "./subjects.js";
+
+export type StreamSettings = Pick<
+  Config,
+  "JETGATE_STREAM_REPLICAS" | "JETGATE_STREAM_MAX_AGE_S" | "JETGATE_STREAM_MAX_BYTES" | "JETGATE_DUPLICATE_WINDOW_S"
+>;
+
+/** A fresh stream generation id. */
+export function newLogId(): string {
+  return randomBytes(9).toString("base64url");
+}
+
+const LOG_PREFIX = "jetgate log ";
+
+export function logOfStream(info: StreamInfo): string | undefined {
+  const d = info.config.description;
+  return d?.startsWith(LOG_PREFIX) ? d.slice(LOG_PREFIX.length) : undefined;
+}
+
+export function shardStreamConfig(shard: number, log: string, s: StreamSettings): Partial<StreamConfig> & { name: string } {
+  return {
+    name: shardStream(shard),
+    description: `${LOG_PREFIX}${log}`,
+    subjects: [shardSubjects(shard)],
+    storage: StorageType.File,
+    retention: RetentionPolicy.Limits,
+    discard: DiscardPolicy.Old,
+    // Retention by age and bytes only: a per-subject limit would break the shard-wide trim watermark.
+    max_age: nanos(s.JETGATE_STREAM_MAX_AGE_S * 1000),
+    max_bytes: s.JETGATE_STREAM_MAX_BYTES,
+    duplicate_window: nanos(s.JETGATE_DUPLICATE_WINDOW_S * 1000),
+    num_replicas: s.JETGATE_STREAM_REPLICAS,
+    allow_direct: true,
+  };
+}
+
+export function ingressStreamConfig(s: StreamSettings): Partial<StreamConfig> & { name: string } {
+  return {
+    name: INGRESS_STREAM,
+    subjects: [INGRESS_SUBJECTS],
+    storage: StorageType.File,
+    retention: RetentionPolicy.Limits,
+    discard: DiscardPolicy.Old,
+    max_age: nanos(s.JETGATE_STREAM_MAX_AGE_S * 1000),
+    duplicate_window: nanos(s.JETGATE_DUPLICATE_WINDOW_S * 1000),
+    num_replicas: s.JETGATE_STREAM_REPLICAS,
+  };
+}
+
+export function registryStreamConfig(replicas: number): Partial<StreamConfig> & { name: string } {
+  return {
+    name: REGISTRY_STREAM,
+    subjects: [REGISTRY_SUBJECT],
+    storage: StorageType.File,
+    retention: RetentionPolicy.Limits,
+    num_replicas: replicas,
+    // The registry is the history of every epoch: nothing may remove records from it.
+    deny_delete: true,
+    deny_purge: true,
+    allow_direct: true,
+  };
+}
+
+export function isNotFound(err: unknown): boolean {
+  return err instanceof JetStreamApiError && (err.code === JetStreamApiCodes.StreamNotFound || err.code === JetStreamApiCodes.ConsumerNotFound || err.status === 404);
+}
+
+/** Creates the stream unless it exists; an existing stream is left exactly as it is. */
+export async function ensureStream(
+  jsm: JetStreamManager,
+  cfg: Partial<StreamConfig> & { name: string },
+): Promise<{ info: StreamInfo; created: boolean }> {
+  try {
+    return { info: await jsm.streams.info(cfg.name), created: false };
+  } catch (err) {
+    if (!isNotFound(err)) throw err;
+  }
+  return { info: await jsm.streams.add(cfg), created: true };
+}

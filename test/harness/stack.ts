@@ -1,0 +1,162 @@
+/**
+ * Test stacks: nats-server + redis-server from the harness, the registry initialised, and jetgate
+ * processes (workers, later gateways) run as real child processes that tests can SIGKILL.
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import { connect, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { Redis } from "ioredis";
+import { decodePush, loadConfig, type Push } from "../../protocol/index.js";
+import { initRegistry } from "../../worker/index.js";
+import { NatsServer, RedisServer, freePort } from "./servers.js";
+import { waitFor } from "./wait.js";
+
+const ROOT = fileURLToPath(new URL("../../", import.meta.url));
+
+export interface Infra {
+  nats: NatsServer;
+  redis: RedisServer;
+  /** Base environment for jetgate processes pointed at these servers. */
+  env: Record<string, string>;
+  dispose(): Promise<void>;
+}
+
+export async function startInfra(env: Record<string, string> = {}): Promise<Infra> {
+  const [nats, redis] = await Promise.all([NatsServer.start(), RedisServer.start()]);
+  return {
+    nats,
+    redis,
+    env: {
+      JETGATE_NATS_URL: nats.url,
+      JETGATE_REDIS_URL: redis.url,
+      JETGATE_LOG_LEVEL: "warn",
+      JETGATE_SHARDS: "2",
+      ...env,
+    },
+    async dispose() {
+      await Promise.all([nats.dispose(), redis.dispose()]);
+    },
+  };
+}
+
+/** Runs `registry init` in this process against the infra. */
+export async function initStack(env: Record<string, string>): Promise<void> {
+  const config = loadConfig(env);
+  const nc = await connect({ servers: config.JETGATE_NATS_URL });
+  try {
+    await initRegistry(nc, { ...config, shards: config.JETGATE_SHARDS, by: "test" });
+  } finally {
+    await nc.close();
+  }
+}
+
+/** A jetgate process under test. */
+export class JetgateProcess {
+  readonly output: string[] = [];
+  private exitCode: Promise<number | null>;
+
+  constructor(
+    readonly proc: ChildProcess,
+    readonly httpPort: number,
+  ) {
+    const collect = (d: Buffer) => {
+      for (const line of d.toString().split("\n")) if (line.trim()) this.output.push(line);
+    };
+    proc.stdout?.on("data", collect);
+    proc.stderr?.on("data", collect);
+    this.exitCode = new Promise((resolve) => proc.on("exit", (code) => resolve(code)));
+    allProcesses.add(proc);
+    proc.on("exit", () => allProcesses.delete(proc));
+  }
+
+  get pid(): number {
+    return this.proc.pid!;
+  }
+
+  get exited(): Promise<number | null> {
+    return this.exitCode;
+  }
+
+  async kill(signal: NodeJS.Signals = "SIGKILL"): Promise<number | null> {
+    if (this.proc.exitCode === null && this.proc.signalCode === null) this.proc.kill(signal);
+    return this.exitCode;
+  }
+
+  async http(path: string): Promise<{ status: number; text: string }> {
+    const res = await fetch(`http://127.0.0.1:${this.httpPort}${path}`);
+    return { status: res.status, text: await res.text() };
+  }
+
+  /** Sum of a Prometheus counter or gauge over the label sets that match `labels`. */
+  async metric(name: string, labels: Record<string, string> = {}): Promise<number> {
+    const { text } = await this.http("/metrics");
+    let sum = 0;
+    for (const line of text.split("\n")) {
+      if (!line.startsWith(name)) continue;
+      const m = /^([a-z_]+)(\{[^}]*\})?\s+([-\d.e+]+)$/.exec(line);
+      if (!m || m[1] !== name) continue;
+      const lbl = m[2] ?? "";
+      if (Object.entries(labels).every(([k, v]) => lbl.includes(`${k}="${v}"`))) sum += Number(m[3]);
+    }
+    return sum;
+  }
+}
+
+const allProcesses = new Set<ChildProcess>();
+process.on("exit", () => {
+  for (const p of allProcesses) p.kill("SIGKILL");
+});
+
+/** Starts a worker process and waits until it is ready. */
+export async function spawnWorker(env: Record<string, string>, extra: Record<string, string> = {}): Promise<JetgateProcess> {
+  const port = await freePort();
+  const proc = spawn(process.execPath, ["--import", "tsx", "worker/main.ts"], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? "", ...env, JETGATE_WORKER_HTTP_PORT: String(port), ...extra },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const w = new JetgateProcess(proc, port);
+  await waitFor(`worker on port ${port} to be ready`, async () => {
+    if (proc.exitCode !== null) throw new Error(`worker exited with ${proc.exitCode}:\n${w.output.join("\n")}`);
+    return (await w.http("/readyz")).status === 200;
+  }, { timeoutMs: 20_000 });
+  return w;
+}
+
+/** Collects every push on `push.>`, decoded. */
+export class PushCollector {
+  readonly pushes: { user: string; push: Push }[] = [];
+  private constructor(
+    readonly nc: NatsConnection,
+    private readonly sub: Subscription,
+  ) {}
+
+  static async start(natsUrl: string): Promise<PushCollector> {
+    const nc = await connect({ servers: natsUrl });
+    let self: PushCollector | undefined;
+    const sub = nc.subscribe("push.>", {
+      callback: (_e, m) => self?.pushes.push({ user: m.subject.slice("push.".length), push: decodePush(m.data) }),
+    });
+    self = new PushCollector(nc, sub);
+    await nc.flush();
+    return self;
+  }
+
+  /** Message ids pushed per user. */
+  idsByUser(): Map<string, string[]> {
+    const out = new Map<string, string[]>();
+    for (const { user, push } of this.pushes) out.set(user, [...(out.get(user) ?? []), push.entry.id]);
+    return out;
+  }
+
+  async close(): Promise<void> {
+    this.sub.unsubscribe();
+    await this.nc.close();
+  }
+}
+
+export async function redisClient(url: string): Promise<Redis> {
+  const r = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 1 });
+  await r.connect();
+  return r;
+}

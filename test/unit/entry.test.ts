@@ -1,0 +1,41 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import {
+  encodeStoredEntry, decodeStoredEntry, encodePush, decodePush, encodeCacheBody, decodeCacheRecord, EntryFormatError, pack,
+  composeSeq, MAX_BODY_BYTES,
+} from "../../protocol/index.js";
+
+const b = new Uint8Array([9, 8, 7]);
+
+test("entry - stored entry round-trips", () => {
+  const e = { id: "m1", d: "d1", ts: 1_764_000_000_000, b };
+  assert.deepEqual(decodeStoredEntry(encodeStoredEntry(e)), e);
+});
+
+test("entry - push round-trips with seqs above 2^53 and an unknown prev", () => {
+  const entry = { seq: composeSeq(100, 5), id: "m1", lane: "chat", prev: null, ts: 5, b };
+  assert.deepEqual(decodePush(encodePush({ shard: 7, epoch: 100, entry })), { shard: 7, epoch: 100, entry });
+  const withPrev = { ...entry, prev: composeSeq(100, 4) };
+  assert.deepEqual(decodePush(encodePush({ shard: 7, epoch: 100, entry: withPrev })).entry, withPrev);
+});
+
+test("entry - a cache record rebuilds the entry", () => {
+  const e = decodeCacheRecord("00000281474976710657", "", encodeCacheBody({ id: "m", lane: "l", ts: 3, b }));
+  assert.deepEqual({ ...e, b: [...e.b] }, { seq: composeSeq(1, 1), id: "m", lane: "l", prev: null, ts: 3, b: [...b] });
+});
+
+test("entry - malformed entries and pushes are refused by name", () => {
+  const bad: [string, () => unknown][] = [
+    ["stored: not msgpack", () => decodeStoredEntry(new Uint8Array([0xc1]))],
+    ["stored: not a map", () => decodeStoredEntry(pack([1]))],
+    ["stored: bad message id", () => decodeStoredEntry(pack({ id: "a b", d: "d", ts: 1, b }))],
+    ["stored: body not bytes", () => decodeStoredEntry(pack({ id: "a", d: "d", ts: 1, b: "x" }))],
+    ["stored: body too big", () => decodeStoredEntry(pack({ id: "a", d: "d", ts: 1, b: new Uint8Array(MAX_BODY_BYTES + 1) }))],
+    ["stored: negative ts", () => decodeStoredEntry(pack({ id: "a", d: "d", ts: -1, b }))],
+    ["push: bad epoch", () => decodePush(pack({ shard: 1, epoch: 70000, e: {} }))],
+    ["push: e not a map", () => decodePush(pack({ shard: 1, epoch: 1, e: 5 }))],
+    ["push: negative seq", () => decodePush(pack({ shard: 1, epoch: 1, e: { seq: -1, id: "a", lane: "l", prev: null, ts: 1, b } }))],
+    ["cache: bad seq", () => decodeCacheRecord("x", "", encodeCacheBody({ id: "m", lane: "l", ts: 3, b }))],
+  ];
+  for (const [name, fn] of bad) assert.throws(fn, EntryFormatError, name);
+});

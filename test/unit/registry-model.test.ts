@@ -1,0 +1,112 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import fc from "fast-check";
+import {
+  initialShards, bumpEpoch, deriveSeq, applyRecord, decodeRecord, encodeRecord, evenRange, ShardMap, userHash,
+  EMPTY_REGISTRY, RegistryError, composeSeq, HASH_SPACE, MAX_EPOCH, type RegistryRecord, type ShardState,
+} from "../../protocol/index.js";
+
+const [s0] = initialShards(1, ["logA"]) as [ShardState];
+
+test("registry - userHash is the documented SHA-256 prefix and stable", () => {
+  // first 4 bytes of sha256("alice") = 2bd806c9
+  assert.equal(userHash("alice"), 0x2bd806c9);
+  assert.throws(() => userHash("a.b"), /user id/);
+});
+
+test("registry - even ranges cover the whole hash space without overlap", () => {
+  for (const n of [1, 2, 3, 7, 64, 4096]) {
+    let next = 0;
+    for (let i = 0; i < n; i++) {
+      const r = evenRange(i, n);
+      assert.equal(r.lo, next);
+      assert.ok(r.hi >= r.lo);
+      next = r.hi + 1;
+    }
+    assert.equal(next, HASH_SPACE);
+  }
+});
+
+test("registry - ShardMap finds the shard whose range holds the hash", () => {
+  const state = applyRecord(EMPTY_REGISTRY, 1, { v: 1, op: "init", at: 0, by: "t", shards: initialShards(4, ["a", "b", "c", "d"]) });
+  const map = new ShardMap(state);
+  fc.assert(fc.property(fc.integer({ min: 0, max: HASH_SPACE - 1 }), (h) => {
+    const s = map.shardOfHash(h)!;
+    const r = state.shards.get(s)!.range;
+    assert.ok(h >= r.lo && h <= r.hi);
+  }));
+  assert.equal(map.shardOf("alice"), Math.floor(0x2bd806c9 / 2 ** 30));
+});
+
+test("registry - seq derivation across epoch bumps in one log and across a new log", () => {
+  // epoch 0 from offset 1; takeover at 11 (epoch 1); takeover at 11 again (epoch 2: nothing done in 1)
+  let s = bumpEpoch(s0, { cause: "takeover", start_offset: 11 });
+  s = bumpEpoch(s, { cause: "takeover", start_offset: 11 });
+  assert.equal(deriveSeq(s, "logA", 5), composeSeq(0, 5));
+  assert.equal(deriveSeq(s, "logA", 10), composeSeq(0, 10));
+  assert.equal(deriveSeq(s, "logA", 11), composeSeq(2, 11));
+  assert.equal(s.boundaries[1]!.prev_end_seq, composeSeq(0, 10));
+  assert.equal(s.boundaries[2]!.prev_end_seq, composeSeq(0, 10), "nothing processed under epoch 1");
+  // rebuild: a new log whose offsets restart at 1
+  const r = bumpEpoch(s, { cause: "rebuild", log: "logB", start_offset: 1, prev_end_offset: 30 });
+  assert.equal(r.epoch, 3);
+  assert.equal(r.log, "logB");
+  assert.equal(r.boundaries[3]!.prev_end_seq, composeSeq(2, 30));
+  assert.equal(deriveSeq(r, "logB", 1), composeSeq(3, 1));
+  assert.ok(deriveSeq(r, "logB", 1)! > deriveSeq(r, "logA", 30)!);
+  assert.equal(deriveSeq(r, "logC", 1), undefined, "unknown log");
+  assert.equal(deriveSeq(s0, "logA", 0), undefined, "offset 0 is before everything");
+});
+
+test("registry - derived seqs increase with offset and with every bump (property)", () => {
+  fc.assert(fc.property(fc.array(fc.integer({ min: 0, max: 50 }), { minLength: 1, maxLength: 30 }), (steps) => {
+    let s = s0;
+    let offset = 1;
+    let last = 0n;
+    for (const step of steps) {
+      for (let i = 0; i < step; i++) {
+        const seq = deriveSeq(s, s.log, offset)!;
+        assert.ok(seq > last);
+        last = seq;
+        offset++;
+      }
+      s = bumpEpoch(s, { cause: "takeover", start_offset: offset });
+    }
+  }));
+});
+
+test("registry - bumpEpoch refuses to pass epoch 65535", () => {
+  const s: ShardState = { ...s0, epoch: MAX_EPOCH, boundaries: [{ ...s0.boundaries[0]!, epoch: MAX_EPOCH, start_seq: composeSeq(MAX_EPOCH, 1) }] };
+  assert.throws(() => bumpEpoch(s, { cause: "takeover", start_offset: 2 }), RegistryError);
+});
+
+test("registry - records round-trip through JSON with seqs above 2^53", () => {
+  let s = s0;
+  for (let i = 0; i < 40; i++) s = bumpEpoch(s, { cause: "takeover", start_offset: 1 + i });
+  const rec: RegistryRecord = { v: 1, op: "takeover", at: 1, by: "w", shards: [s] };
+  const back = decodeRecord(encodeRecord(rec));
+  assert.deepEqual(back, rec);
+  assert.ok(back.shards[0]!.boundaries[40]!.start_seq > BigInt(Number.MAX_SAFE_INTEGER));
+});
+
+test("registry - bad records are refused by name", () => {
+  const enc = (x: unknown) => new TextEncoder().encode(JSON.stringify(x, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v)));
+  const good = { v: 1, op: "init", at: 0, by: "t", shards: [s0] };
+  const cases: [string, Uint8Array][] = [
+    ["not JSON", new TextEncoder().encode("{")],
+    ["unknown op", enc({ ...good, op: "explode" })],
+    ["no shards", enc({ ...good, shards: [] })],
+    ["epoch not the last boundary", enc({ ...good, shards: [{ ...s0, epoch: 3 }] })],
+    ["seq as a JSON number", enc({ ...good, shards: [{ ...s0, boundaries: [{ ...s0.boundaries[0]!, start_seq: 1 }] }] })],
+    ["start_seq mismatch", enc({ ...good, shards: [{ ...s0, boundaries: [{ ...s0.boundaries[0]!, start_seq: "99" }] }] })],
+    ["range inverted", enc({ ...good, shards: [{ ...s0, range: { lo: 5, hi: 1 } }] })],
+    ["unsafe log id", enc({ ...good, shards: [{ ...s0, log: "a.b" }] })],
+  ];
+  for (const [name, bytes] of cases) assert.throws(() => decodeRecord(bytes), RegistryError, name);
+});
+
+test("registry - a record may not lower an epoch", () => {
+  const bumped = bumpEpoch(s0, { cause: "takeover", start_offset: 1 });
+  const st = applyRecord(EMPTY_REGISTRY, 1, { v: 1, op: "takeover", at: 0, by: "t", shards: [bumped] });
+  assert.throws(() => applyRecord(st, 2, { v: 1, op: "init", at: 0, by: "t", shards: [s0] }), /lowers shard 0 epoch/);
+});

@@ -1,0 +1,37 @@
+/** Worker HTTP: /healthz (process up), /readyz (NATS, Redis, registry), /metrics (Prometheus). */
+import { createServer, type Server } from "node:http";
+import type { Registry } from "prom-client";
+
+export interface Readiness {
+  /** Names of what is not ready; empty when ready. */
+  problems(): string[];
+}
+
+export function startWorkerHttp(port: number, host: string, metrics: Registry, readiness: Readiness): Promise<Server> {
+  const server = createServer((req, res) => {
+    const path = (req.url ?? "/").split("?")[0];
+    if (req.method !== "GET") {
+      res.writeHead(405, { "content-type": "text/plain" }).end("method not allowed\n");
+      return;
+    }
+    if (path === "/healthz") {
+      res.writeHead(200, { "content-type": "text/plain" }).end("ok\n");
+    } else if (path === "/readyz") {
+      const problems = readiness.problems();
+      res
+        .writeHead(problems.length === 0 ? 200 : 503, { "content-type": "application/json" })
+        .end(JSON.stringify({ ready: problems.length === 0, problems }) + "\n");
+    } else if (path === "/metrics") {
+      metrics.metrics().then(
+        (text) => res.writeHead(200, { "content-type": metrics.contentType }).end(text),
+        (err: unknown) => res.writeHead(500, { "content-type": "text/plain" }).end(`${String(err)}\n`),
+      );
+    } else {
+      res.writeHead(404, { "content-type": "text/plain" }).end("not found\n");
+    }
+  });
+  return new Promise((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(port, host, () => resolve(server));
+  });
+}

@@ -1,0 +1,71 @@
+/**
+ * Advisory shard leases and worker presence in Redis. Leases only spread the shards over workers;
+ * correctness comes from epochs (a worker acts only under the epoch it appended, gateways drop
+ * pushes of older epochs), so a lost or doubled lease costs an extra takeover, never an entry.
+ */
+import type { RedisClient, RedisKeys } from "../protocol/index.js";
+
+const RENEW_LUA = `
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
+return 0
+`;
+const RELEASE_LUA = `
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`;
+
+type LeaseClient = RedisClient & {
+  jgLeaseRenew(key: string, owner: string, ms: number): Promise<number>;
+  jgLeaseRelease(key: string, owner: string): Promise<number>;
+};
+
+export type RenewOutcome = "held" | "reacquired" | "lost";
+
+export class Leases {
+  private readonly redis: LeaseClient;
+
+  constructor(
+    redis: RedisClient,
+    private readonly keys: RedisKeys,
+    private readonly owner: string,
+    private readonly leaseMs: number,
+  ) {
+    redis.defineCommand("jgLeaseRenew", { numberOfKeys: 1, lua: RENEW_LUA });
+    redis.defineCommand("jgLeaseRelease", { numberOfKeys: 1, lua: RELEASE_LUA });
+    this.redis = redis as LeaseClient;
+  }
+
+  async acquire(shard: number): Promise<boolean> {
+    return (await this.redis.set(this.keys.lease(shard), this.owner, "PX", this.leaseMs, "NX")) === "OK";
+  }
+
+  /** Extends a lease this worker holds; a lease that vanished (e.g. FLUSHALL) is taken again. */
+  async renew(shard: number): Promise<RenewOutcome> {
+    const r = await this.redis.jgLeaseRenew(this.keys.lease(shard), this.owner, this.leaseMs);
+    return r === 1 ? "held" : r === 2 ? "reacquired" : "lost";
+  }
+
+  async release(shard: number): Promise<void> {
+    await this.redis.jgLeaseRelease(this.keys.lease(shard), this.owner);
+  }
+
+  async holder(shard: number): Promise<string | null> {
+    return this.redis.get(this.keys.lease(shard));
+  }
+
+  /** Records this worker as live for one lease period and returns every live worker, sorted. */
+  async heartbeat(): Promise<string[]> {
+    const now = Date.now();
+    const key = this.keys.workers();
+    await this.redis.zadd(key, now + this.leaseMs, this.owner);
+    await this.redis.zremrangebyscore(key, "-inf", String(now));
+    const live = await this.redis.zrangebyscore(key, String(now), "+inf");
+    return live.includes(this.owner) ? live.sort() : [...live, this.owner].sort();
+  }
+
+  async leave(): Promise<void> {
+    await this.redis.zrem(this.keys.workers(), this.owner);
+  }
+}

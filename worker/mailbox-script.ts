@@ -1,0 +1,88 @@
+/**
+ * The worker's Redis work for one entry, as one Lua script over one user's keys (one cluster slot):
+ *
+ * 1. dedup `dispatch_id:user`: the first copy stores its `<log>:<offset>`. The same offset seen again
+ *    (redelivery, takeover, a crash between steps) counts as the first copy again, so it is pushed
+ *    again: a crash never loses a push. Another offset with the same key is a duplicate: stop.
+ * 2. lane watermark, upward only; the previous value is returned and becomes the entry's `prev`.
+ *    Seqs are 20-digit decimal strings, compared as strings: Lua numbers are doubles.
+ * 3. hot cache: XADD with id `<epoch>-<offset>` (Redis keeps ids increasing, so a zombie's older
+ *    epoch cannot write behind newer entries: its XADD fails and is ignored), bounded by MAXLEN and a
+ *    TTL. `_ca` in the watermark hash records the seq after which the cache is complete.
+ *
+ * Batches are sent as concurrent calls that the client auto-pipelines (one round trip per node);
+ * never one script over many users, which would cross slots on a cluster.
+ */
+import type { RedisClient } from "../protocol/index.js";
+
+const APPLY_ENTRY_LUA = `
+local token = ARGV[1]
+if not redis.call('SET', KEYS[1], token, 'NX', 'EX', ARGV[2]) then
+  if redis.call('GET', KEYS[1]) ~= token then
+    return {0}
+  end
+end
+local seq = ARGV[4]
+local prev = redis.call('HGET', KEYS[2], ARGV[3])
+if (not prev) or prev < seq then redis.call('HSET', KEYS[2], ARGV[3], seq) end
+local prevAll = redis.call('HGET', KEYS[2], '_all')
+if (not prevAll) or prevAll < seq then redis.call('HSET', KEYS[2], '_all', seq) end
+local maxlen = tonumber(ARGV[7])
+if maxlen > 0 then
+  local len = redis.call('XLEN', KEYS[3])
+  if len == 0 then
+    -- (re)created: complete after the user's previous seq when known, else just before this entry
+    redis.call('HSET', KEYS[2], '_ca', prevAll or ARGV[10])
+  elseif len >= maxlen or redis.call('HEXISTS', KEYS[2], '_ca') == 0 then
+    -- trimming the oldest (or the hash was lost): complete after the oldest entry kept so far
+    local oldest = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)
+    redis.call('HSET', KEYS[2], '_ca', oldest[1][2][2])
+  end
+  redis.pcall('XADD', KEYS[3], 'MAXLEN', maxlen, ARGV[5], 's', seq, 'p', prev or '', 'e', ARGV[6])
+  redis.call('EXPIRE', KEYS[3], ARGV[8])
+end
+redis.call('EXPIRE', KEYS[2], ARGV[9])
+return {1, prev}
+`;
+
+export interface ApplyEntryArgs {
+  dedupKey: string;
+  watermarkKey: string;
+  hotCacheKey: string;
+  /** `<log>:<offset>` of this copy. */
+  token: string;
+  dedupTtlS: number;
+  lane: string;
+  /** 20-digit seq of this entry, and of seq - 1. */
+  seq20: string;
+  seqMinus1_20: string;
+  /** Hot cache stream id `<epoch>-<offset>`. */
+  streamId: string;
+  cacheBody: Uint8Array;
+  hotCacheMaxLen: number;
+  hotCacheTtlS: number;
+  watermarkTtlS: number;
+}
+
+/** `first: false` for a duplicate; otherwise the lane's previous seq (20-digit) or null when unknown. */
+export type ApplyEntryResult = { first: false } | { first: true; prev: string | null };
+
+type ScriptClient = RedisClient & {
+  jgApplyEntry(...args: (string | number | Buffer)[]): Promise<[number, string | null | undefined]>;
+};
+
+const defined = new WeakSet<object>();
+
+export function applyEntry(redis: RedisClient, a: ApplyEntryArgs): Promise<ApplyEntryResult> {
+  if (!defined.has(redis)) {
+    redis.defineCommand("jgApplyEntry", { numberOfKeys: 3, lua: APPLY_ENTRY_LUA });
+    defined.add(redis);
+  }
+  return (redis as ScriptClient)
+    .jgApplyEntry(
+      a.dedupKey, a.watermarkKey, a.hotCacheKey,
+      a.token, a.dedupTtlS, a.lane, a.seq20, a.streamId, Buffer.from(a.cacheBody.buffer, a.cacheBody.byteOffset, a.cacheBody.byteLength),
+      a.hotCacheMaxLen, a.hotCacheTtlS, a.watermarkTtlS, a.seqMinus1_20,
+    )
+    .then(([status, prev]) => (status === 1 ? { first: true, prev: prev ?? null } : { first: false }));
+}

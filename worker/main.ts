@@ -1,0 +1,63 @@
+/**
+ * Worker process: `node worker/main.ts` (or `jetgate worker`). Reads its settings from the
+ * environment (docs/config.md). SIGTERM/SIGINT: finish the batch in hand, release leases, exit 0.
+ */
+import { hostname } from "node:os";
+import type { AddressInfo } from "node:net";
+import { pino } from "pino";
+import { ConfigError, RedisKeys, RegistryClient, connectNats, connectRedis, loadConfig } from "../protocol/index.js";
+import { WorkerMetrics } from "./metrics.js";
+import { Worker } from "./worker.js";
+import { startWorkerHttp } from "./http.js";
+
+export async function runWorker(env: Record<string, string | undefined> = process.env): Promise<void> {
+  const config = loadConfig(env);
+  const workerId = config.JETGATE_WORKER_ID ?? `${hostname()}-${process.pid}`;
+  const log = pino({ level: config.JETGATE_LOG_LEVEL, base: { component: "worker", worker: workerId } });
+  const nc = await connectNats(config, `jetgate-worker-${workerId}`);
+  const redis = connectRedis(config, `jetgate-worker-${workerId}`);
+  redis.on("error", (err: Error) => log.warn({ err: err.message }, "redis error"));
+  const registry = await RegistryClient.open(nc, { onBadRecord: (seq, err) => log.error({ seq, err }, "skipping a bad registry record") });
+  const metrics = new WorkerMetrics();
+  const worker = new Worker(
+    { nc, redis, keys: new RedisKeys(config.JETGATE_REDIS_PREFIX), registry, metrics, log, workerId, config },
+    { leaseMs: config.JETGATE_LEASE_MS },
+  );
+  const http = await startWorkerHttp(config.JETGATE_WORKER_HTTP_PORT, "0.0.0.0", metrics.registry, {
+    problems: () => {
+      const p: string[] = [];
+      if (nc.isClosed() || nc.isDraining()) p.push("nats");
+      if (redis.status !== "ready") p.push("redis");
+      if (registry.state.shards.size === 0) p.push("registry");
+      if (worker.status.type !== "running") p.push(`worker ${worker.status.type}`);
+      return p;
+    },
+  });
+  log.info({ port: (http.address() as AddressInfo).port }, "worker http listening");
+  worker.start();
+
+  let stopping = false;
+  const shutdown = (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    log.info({ signal }, "stopping: finishing batches, releasing leases");
+    void (async () => {
+      await worker.stop();
+      await registry.close().catch(() => undefined);
+      await nc.drain().catch(() => undefined);
+      redis.disconnect();
+      http.close();
+      log.info("stopped");
+      process.exit(0);
+    })();
+  };
+  process.on("SIGTERM", () => shutdown("SIGTERM"));
+  process.on("SIGINT", () => shutdown("SIGINT"));
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  runWorker().catch((err: unknown) => {
+    console.error(err instanceof ConfigError ? err.message : err);
+    process.exit(1);
+  });
+}

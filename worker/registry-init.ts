@@ -1,0 +1,71 @@
+/**
+ * `jetgate registry init`: creates the registry stream, writes the initial shard layout, and creates
+ * every shard stream and INGRESS. The registry write comes first and every step is idempotent, so a
+ * crash halfway is mended by running it again; a second run changes nothing.
+ */
+import type { NatsConnection } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
+import {
+  RegistryClient,
+  ensureStream,
+  ingressStreamConfig,
+  initialShards,
+  logOfStream,
+  newLogId,
+  registryStreamConfig,
+  shardStreamConfig,
+  type StreamSettings,
+} from "../protocol/index.js";
+
+export interface InitReport {
+  registryCreated: boolean;
+  /** True when this run wrote the initial layout; false when the registry already had one. */
+  layoutWritten: boolean;
+  shards: number;
+  streamsCreated: string[];
+  streamsExisting: string[];
+  /** Shard streams whose log id differs from the registry's (someone recreated them by hand). */
+  mismatched: string[];
+}
+
+export async function initRegistry(
+  nc: NatsConnection,
+  settings: StreamSettings & { shards: number; by: string },
+): Promise<InitReport> {
+  const jsm = await jetstreamManager(nc);
+  const reg = await ensureStream(jsm, registryStreamConfig(settings.JETGATE_STREAM_REPLICAS));
+  const registry = await RegistryClient.open(nc);
+  try {
+    const written = await registry.update((state) =>
+      state.shards.size > 0
+        ? null
+        : {
+            v: 1,
+            op: "init",
+            at: Date.now(),
+            by: settings.by,
+            shards: initialShards(settings.shards, Array.from({ length: settings.shards }, newLogId)),
+          },
+    );
+    const report: InitReport = {
+      registryCreated: reg.created,
+      layoutWritten: written !== null,
+      shards: registry.state.shards.size,
+      streamsCreated: [],
+      streamsExisting: [],
+      mismatched: [],
+    };
+    for (const shard of registry.state.shards.values()) {
+      if (shard.status !== "active") continue;
+      const cfg = shardStreamConfig(shard.shard, shard.log, settings);
+      const { info, created } = await ensureStream(jsm, cfg);
+      (created ? report.streamsCreated : report.streamsExisting).push(cfg.name);
+      if (logOfStream(info) !== shard.log) report.mismatched.push(cfg.name);
+    }
+    const ingress = await ensureStream(jsm, ingressStreamConfig(settings));
+    (ingress.created ? report.streamsCreated : report.streamsExisting).push(ingress.info.config.name);
+    return report;
+  } finally {
+    await registry.close();
+  }
+}

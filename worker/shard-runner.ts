@@ -1,0 +1,367 @@
+/**
+ * Runs one owned shard: takeover (epoch bump), then ordered consumption in batches.
+ *
+ * Takeover: read the ack floor of the shard's worker consumers, append the epoch bump with
+ * start_offset = floor + 1, and only after that write is acknowledged create this epoch's consumer
+ * `w_<epoch>` at start_offset and delete the older ones. A zombie owner's fetches and acks then fail,
+ * and it also stops as soon as its registry view shows the newer epoch (fencing).
+ *
+ * Batch: Redis work for every entry (concurrent, auto-pipelined), then pushes, then one AckAll ack
+ * of the last message. A crash between any two steps re-processes the batch under a newer epoch.
+ */
+import type { Logger } from "pino";
+import type { NatsConnection } from "@nats-io/transport-node";
+import {
+  AckPolicy,
+  DeliverPolicy,
+  jetstream,
+  jetstreamManager,
+  type ConsumerInfo,
+  type ConsumerMessages,
+  type JetStreamClient,
+  type JetStreamManager,
+  type JsMsg,
+} from "@nats-io/jetstream";
+import {
+  bumpEpoch,
+  composeSeq,
+  decodeStoredEntry,
+  encodeCacheBody,
+  encodePush,
+  entrySubject,
+  logOfStream,
+  ownsUser,
+  parseEntrySubject,
+  pushSubject,
+  seqKey,
+  shardStream,
+  type Config,
+  type RedisClient,
+  type RegistryClient,
+  type RedisKeys,
+  type ShardState,
+} from "../protocol/index.js";
+import { applyEntry, type ApplyEntryResult } from "./mailbox-script.js";
+import type { WorkerMetrics } from "./metrics.js";
+
+export type RunnerState =
+  | { type: "starting" }
+  | { type: "running"; epoch: number }
+  | { type: "stopped"; reason: string };
+
+export interface RunnerDeps {
+  nc: NatsConnection;
+  redis: RedisClient;
+  keys: RedisKeys;
+  registry: RegistryClient;
+  metrics: WorkerMetrics;
+  log: Logger;
+  workerId: string;
+  config: Pick<
+    Config,
+    | "JETGATE_WORKER_BATCH"
+    | "JETGATE_HOT_CACHE_MAXLEN"
+    | "JETGATE_HOT_CACHE_TTL_S"
+    | "JETGATE_DEDUP_TTL_S"
+    | "JETGATE_STREAM_MAX_AGE_S"
+    | "JETGATE_FAULT_EXIT_AFTER"
+  >;
+}
+
+const CONSUMER_PREFIX = "w_";
+
+interface Item {
+  msg: JsMsg;
+  user: string;
+  lane: string;
+  seq: bigint;
+  id: string;
+  dispatch: string;
+  ts: number;
+  b: Uint8Array<ArrayBuffer>;
+}
+
+export class ShardRunner {
+  private stateValue: RunnerState = { type: "starting" };
+  private messages: ConsumerMessages | undefined;
+  private loop: Promise<void> = Promise.resolve();
+  private lastOffset = 0;
+  private lastSeq = 0n;
+  private readonly js: JetStreamClient;
+  private readonly stream: string;
+  private readonly label: { shard: string };
+  private unsubscribe: (() => void) | undefined;
+
+  constructor(
+    readonly shard: number,
+    private readonly d: RunnerDeps,
+  ) {
+    this.js = jetstream(d.nc);
+    this.stream = shardStream(shard);
+    this.label = { shard: String(shard) };
+  }
+
+  get state(): RunnerState {
+    return this.stateValue;
+  }
+
+  /** The epoch this runner works under, once running. */
+  get epoch(): number | undefined {
+    return this.stateValue.type === "running" ? this.stateValue.epoch : undefined;
+  }
+
+  /** Takes the shard over and starts consuming; resolves once running (or stopped on failure). */
+  async start(): Promise<void> {
+    try {
+      const jsm = await jetstreamManager(this.d.nc);
+      const taken = await this.takeover(jsm);
+      if (taken === undefined) return;
+      const { epoch, startOffset } = taken;
+      this.lastOffset = startOffset - 1;
+      this.lastSeq = startOffset > 1 ? composeSeq(epoch, startOffset - 1) : 0n;
+      this.stateValue = { type: "running", epoch };
+      this.d.metrics.epoch.set(this.label, epoch);
+      this.d.metrics.takeovers.inc(this.label);
+      this.unsubscribe = this.d.registry.onChange((s) => {
+        const cur = s.shards.get(this.shard);
+        if (cur !== undefined && cur.epoch > epoch) this.fence(cur.epoch);
+      });
+      const consumer = await this.js.consumers.get(this.stream, consumerName(epoch));
+      this.messages = await consumer.consume({
+        max_messages: this.d.config.JETGATE_WORKER_BATCH * 2,
+        abort_on_missing_resource: true,
+      });
+      this.loop = this.consumeLoop(this.messages, epoch);
+      this.d.log.info({ shard: this.shard, epoch, startOffset }, "shard taken over");
+    } catch (err) {
+      this.d.log.error({ shard: this.shard, err }, "takeover failed");
+      this.stateValue = { type: "stopped", reason: `takeover failed: ${(err as Error).message}` };
+    }
+  }
+
+  private async takeover(jsm: JetStreamManager): Promise<{ epoch: number; startOffset: number } | undefined> {
+    const before = this.d.registry.state.shards.get(this.shard);
+    if (before === undefined || before.status !== "active") {
+      this.stateValue = { type: "stopped", reason: "shard is not active in the registry" };
+      return undefined;
+    }
+    const info = await jsm.streams.info(this.stream);
+    if (logOfStream(info) !== before.log) {
+      this.stateValue = { type: "stopped", reason: `stream ${this.stream} is not log ${before.log} of the registry` };
+      this.d.log.error({ shard: this.shard, stream: logOfStream(info), registry: before.log }, "stream/registry log mismatch: refusing the shard");
+      return undefined;
+    }
+    const consumers = await listWorkerConsumers(jsm, this.stream);
+    const floor = Math.max(0, ...consumers.map((c) => c.ack_floor.stream_seq));
+    const current = before.boundaries[before.boundaries.length - 1]!;
+    // Everything below the current boundary's start was acked before that boundary was written.
+    const startOffset = Math.max(floor + 1, current.start_offset);
+    const written = await this.d.registry.update((state) => {
+      const s = state.shards.get(this.shard);
+      // Someone else bumped since we looked: they own it now.
+      if (s === undefined || s.epoch !== before.epoch) return null;
+      return { v: 1, op: "takeover", at: Date.now(), by: this.d.workerId, shards: [bumpEpoch(s, { cause: "takeover", start_offset: startOffset })] };
+    });
+    if (written === null) {
+      this.stateValue = { type: "stopped", reason: "lost the takeover race" };
+      return undefined;
+    }
+    const epoch = written.state.shards.get(this.shard)!.epoch;
+    // Only now, under the acknowledged epoch: this epoch's consumer, then retire the older ones.
+    await jsm.consumers.add(this.stream, {
+      durable_name: consumerName(epoch),
+      ack_policy: AckPolicy.All,
+      deliver_policy: DeliverPolicy.StartSequence,
+      opt_start_seq: startOffset,
+      ack_wait: 60_000_000_000,
+      max_ack_pending: 100_000,
+    });
+    for (const c of consumers) {
+      if (c.name !== consumerName(epoch)) await jsm.consumers.delete(this.stream, c.name).catch(() => undefined);
+    }
+    return { epoch, startOffset };
+  }
+
+  private fence(newEpoch: number): void {
+    if (this.stateValue.type !== "running") return;
+    this.d.metrics.fenced.inc(this.label);
+    this.d.log.warn({ shard: this.shard, epoch: this.stateValue.epoch, newEpoch }, "fenced by a newer epoch: stopping the shard");
+    this.halt(`fenced by epoch ${newEpoch}`);
+  }
+
+  private halt(reason: string): void {
+    if (this.stateValue.type === "stopped") return;
+    this.stateValue = { type: "stopped", reason };
+    this.unsubscribe?.();
+    this.messages?.stop();
+  }
+
+  /** Stops after the batch in hand; resolves when the loop has ended. */
+  async stop(reason: string): Promise<void> {
+    this.halt(reason);
+    await this.loop;
+  }
+
+  private isCurrent(epoch: number): boolean {
+    if (this.stateValue.type !== "running" || this.stateValue.epoch !== epoch) return false;
+    const s = this.d.registry.state.shards.get(this.shard);
+    if (s !== undefined && s.epoch > epoch) {
+      this.fence(s.epoch);
+      return false;
+    }
+    return true;
+  }
+
+  private async consumeLoop(messages: ConsumerMessages, epoch: number): Promise<void> {
+    const batchSize = this.d.config.JETGATE_WORKER_BATCH;
+    let batch: JsMsg[] = [];
+    try {
+      for await (const m of messages) {
+        batch.push(m);
+        // Take whatever is already buffered into the same batch; never wait to fill one.
+        if (batch.length < batchSize && messages.getPending() > 0) continue;
+        const ok = await this.processBatch(batch, epoch);
+        batch = [];
+        if (!ok) break;
+      }
+    } catch (err) {
+      this.d.log.error({ shard: this.shard, err }, "consume failed");
+    }
+    this.halt(this.stateValue.type === "stopped" ? this.stateValue.reason : "consumer ended");
+  }
+
+  /** Processes one batch; false when the runner must stop (fenced or stopping). */
+  private async processBatch(batch: JsMsg[], epoch: number): Promise<boolean> {
+    if (!this.isCurrent(epoch)) return false;
+    const shardState = this.d.registry.state.shards.get(this.shard)!;
+    const items: Item[] = [];
+    const forwards: JsMsg[] = [];
+    for (const m of batch) {
+      if (m.seq <= this.lastOffset) continue; // a redelivery of what is already done
+      const parsed = this.parse(m, epoch, shardState);
+      if (parsed === "forward") forwards.push(m);
+      else if (parsed !== undefined) items.push(parsed);
+    }
+    const results = await this.redisStep(items, epoch);
+    if (results === undefined) return false;
+    this.fault("redis");
+    if (!this.isCurrent(epoch)) return false;
+    let pushed = 0;
+    for (let i = 0; i < items.length; i++) {
+      const it = items[i]!;
+      const r = results[i]!;
+      if (!r.first) {
+        this.d.metrics.duplicates.inc(this.label);
+        continue;
+      }
+      const prev = r.prev === null ? null : BigInt(r.prev);
+      this.d.nc.publish(pushSubject(it.user), encodePush({ shard: this.shard, epoch, entry: { seq: it.seq, id: it.id, lane: it.lane, prev, ts: it.ts, b: it.b } }));
+      pushed++;
+    }
+    if (forwards.length > 0) await this.forward(forwards);
+    this.fault("push");
+    const last = batch[batch.length - 1]!;
+    last.ack();
+    this.lastOffset = Math.max(this.lastOffset, last.seq);
+    this.d.metrics.processed.inc(this.label, items.length + forwards.length);
+    this.d.metrics.pushed.inc(this.label, pushed);
+    this.d.metrics.offset.set(this.label, this.lastOffset);
+    return true;
+  }
+
+  private parse(m: JsMsg, epoch: number, shardState: ShardState): Item | "forward" | undefined {
+    const subj = parseEntrySubject(m.subject);
+    try {
+      if (subj === undefined || subj.shard !== this.shard) throw new Error(`unexpected subject ${m.subject}`);
+      if (!ownsUser(shardState, subj.user)) return "forward";
+      const body = decodeStoredEntry(m.data);
+      const seq = composeSeq(epoch, m.seq);
+      if (seq <= this.lastSeq) this.d.metrics.regressions.inc({ component: "worker" });
+      this.lastSeq = seq;
+      return { msg: m, user: subj.user, lane: subj.lane, seq, id: body.id, dispatch: body.d, ts: body.ts, b: body.b };
+    } catch (err) {
+      this.d.metrics.badEntries.inc(this.label);
+      this.d.log.warn({ shard: this.shard, offset: m.seq, err: (err as Error).message }, "skipping an unreadable entry");
+      return undefined;
+    }
+  }
+
+  /** The Redis work of a batch, retried with backoff while Redis is unavailable. */
+  private async redisStep(items: Item[], epoch: number): Promise<ApplyEntryResult[] | undefined> {
+    const c = this.d.config;
+    const dedupTtl = c.JETGATE_DEDUP_TTL_S > 0 ? c.JETGATE_DEDUP_TTL_S : c.JETGATE_STREAM_MAX_AGE_S;
+    const wmTtl = Math.max(c.JETGATE_STREAM_MAX_AGE_S, c.JETGATE_HOT_CACHE_TTL_S);
+    const log = this.d.registry.state.shards.get(this.shard)!.log;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await Promise.all(
+          items.map((it) =>
+            applyEntry(this.d.redis, {
+              dedupKey: this.d.keys.dedup(it.user, it.dispatch),
+              watermarkKey: this.d.keys.watermarks(it.user),
+              hotCacheKey: this.d.keys.hotCache(it.user),
+              token: `${log}:${it.msg.seq}`,
+              dedupTtlS: dedupTtl,
+              lane: it.lane,
+              seq20: seqKey(it.seq),
+              seqMinus1_20: seqKey(it.seq - 1n),
+              streamId: `${epoch}-${it.msg.seq}`,
+              cacheBody: encodeCacheBody({ id: it.id, lane: it.lane, ts: it.ts, b: it.b }),
+              hotCacheMaxLen: c.JETGATE_HOT_CACHE_MAXLEN,
+              hotCacheTtlS: c.JETGATE_HOT_CACHE_TTL_S,
+              watermarkTtlS: wmTtl,
+            }),
+          ),
+        );
+      } catch (err) {
+        this.d.metrics.redisRetries.inc(this.label);
+        if (attempt % 10 === 0) this.d.log.warn({ shard: this.shard, err: (err as Error).message, attempt }, "redis step failed; retrying");
+        await new Promise((r) => setTimeout(r, Math.min(100 * 2 ** Math.min(attempt, 4), 2000)));
+        if (!this.isCurrent(epoch)) return undefined;
+      }
+    }
+  }
+
+  /** Entries for users another shard owns now (after a split) go there, same Nats-Msg-Id. */
+  private async forward(msgs: JsMsg[]): Promise<void> {
+    const map = this.d.registry.shards;
+    await Promise.all(
+      msgs.map(async (m) => {
+        const subj = parseEntrySubject(m.subject)!;
+        const target = map.shardOf(subj.user);
+        if (target === undefined || target === this.shard) return;
+        const msgID = m.headers?.get("Nats-Msg-Id");
+        await this.js.publish(entrySubject(target, subj.user, subj.lane), m.data, msgID ? { msgID } : {});
+        this.d.metrics.forwarded.inc(this.label);
+      }),
+    );
+  }
+
+  /** Test-only: die here, as hard as a power cut, when configured to. */
+  private fault(step: "redis" | "push"): void {
+    if (this.d.config.JETGATE_FAULT_EXIT_AFTER === step) {
+      this.d.log.warn({ step }, "fault hook: SIGKILL");
+      process.kill(process.pid, "SIGKILL");
+    }
+  }
+
+  /** Entries not yet delivered to this runner's consumer. */
+  async lag(jsm: JetStreamManager): Promise<number | undefined> {
+    const epoch = this.epoch;
+    if (epoch === undefined) return undefined;
+    const info = await jsm.consumers.info(this.stream, consumerName(epoch));
+    return info.num_pending;
+  }
+}
+
+function consumerName(epoch: number): string {
+  return `${CONSUMER_PREFIX}${epoch}`;
+}
+
+async function listWorkerConsumers(jsm: JetStreamManager, stream: string): Promise<ConsumerInfo[]> {
+  const out: ConsumerInfo[] = [];
+  for await (const c of jsm.consumers.list(stream)) {
+    if (c.name.startsWith(CONSUMER_PREFIX)) out.push(c);
+  }
+  return out;
+}

@@ -1,0 +1,145 @@
+/**
+ * A worker process's shard ownership: every tick it heartbeats, renews its leases, and moves toward
+ * an even share of the active shards (ceil(shards / live workers)). Which shards it prefers is
+ * decided by rendezvous hashing, so each worker reaches for different shards first. A surplus shard
+ * is handed back gracefully (batch finished, lease released), one per tick.
+ */
+import { createHash } from "node:crypto";
+import type { Logger } from "pino";
+import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
+import { Leases } from "./leases.js";
+import { ShardRunner, type RunnerDeps } from "./shard-runner.js";
+
+export interface WorkerOptions {
+  leaseMs: number;
+}
+
+export type WorkerStatus = { type: "idle" } | { type: "running" } | { type: "stopping" } | { type: "stopped" };
+
+function rendezvous(worker: string, shard: number): string {
+  return createHash("sha256").update(`${worker}/${shard}`).digest("hex");
+}
+
+export class Worker {
+  private readonly runners = new Map<number, ShardRunner>();
+  private readonly leases: Leases;
+  private timer: NodeJS.Timeout | undefined;
+  private ticking: Promise<void> = Promise.resolve();
+  private statusValue: WorkerStatus = { type: "idle" };
+  private jsm: JetStreamManager | undefined;
+  private liveWorkers: string[] = [];
+
+  constructor(
+    private readonly deps: RunnerDeps,
+    private readonly opts: WorkerOptions,
+  ) {
+    this.leases = new Leases(deps.redis, deps.keys, deps.workerId, opts.leaseMs);
+  }
+
+  get status(): WorkerStatus {
+    return this.statusValue;
+  }
+
+  /** Shards this worker is running now, with their epochs. */
+  owned(): { shard: number; epoch: number | undefined }[] {
+    return [...this.runners.values()].map((r) => ({ shard: r.shard, epoch: r.epoch }));
+  }
+
+  get log(): Logger {
+    return this.deps.log;
+  }
+
+  start(): void {
+    if (this.statusValue.type !== "idle") return;
+    this.statusValue = { type: "running" };
+    const every = Math.max(200, Math.floor(this.opts.leaseMs / 3));
+    const run = () => {
+      this.ticking = this.tick().catch((err: unknown) => this.deps.log.error({ err }, "worker tick failed"));
+    };
+    run();
+    this.timer = setInterval(() => {
+      // One tick at a time: a slow Redis must not stack ticks up.
+      void this.ticking.then(() => {
+        if (this.statusValue.type === "running") run();
+      });
+    }, every);
+  }
+
+  private async tick(): Promise<void> {
+    if (this.statusValue.type !== "running") return;
+    this.jsm ??= await jetstreamManager(this.deps.nc);
+    this.liveWorkers = await this.leases.heartbeat();
+    await this.renewAll();
+    const active = [...this.deps.registry.state.shards.values()].filter((s) => s.status === "active").map((s) => s.shard);
+    const target = Math.ceil(active.length / Math.max(1, this.liveWorkers.length));
+    const me = this.deps.workerId;
+    if (this.runners.size < target) {
+      const free = active
+        .filter((s) => !this.runners.has(s))
+        .sort((a, b) => rendezvous(me, b).localeCompare(rendezvous(me, a)));
+      for (const shard of free) {
+        if (this.runners.size >= target || this.statusValue.type !== "running") break;
+        if (await this.leases.acquire(shard)) await this.run(shard);
+      }
+    } else if (this.runners.size > target) {
+      const worst = [...this.runners.keys()].sort((a, b) => rendezvous(me, a).localeCompare(rendezvous(me, b)))[0]!;
+      await this.handBack(worst, "rebalancing");
+    }
+    await this.observe();
+  }
+
+  private async run(shard: number): Promise<void> {
+    const runner = new ShardRunner(shard, this.deps);
+    this.runners.set(shard, runner);
+    this.deps.metrics.lease.set({ shard: String(shard) }, 1);
+    await runner.start();
+  }
+
+  private async renewAll(): Promise<void> {
+    for (const [shard, runner] of this.runners) {
+      if (runner.state.type === "stopped") {
+        // Fenced, lost a race, or its consumer ended: let the shard go so someone can take it over.
+        this.deps.log.info({ shard, reason: runner.state.reason }, "shard runner stopped");
+        await this.handBack(shard, runner.state.reason);
+        continue;
+      }
+      const outcome = await this.leases.renew(shard);
+      if (outcome === "lost") {
+        this.deps.log.warn({ shard }, "lease lost to another worker");
+        await this.drop(shard, "lease lost");
+      } else if (outcome === "reacquired") {
+        this.deps.log.warn({ shard }, "lease had vanished (Redis flushed?): taken again");
+      }
+    }
+  }
+
+  private async drop(shard: number, reason: string): Promise<void> {
+    const runner = this.runners.get(shard);
+    this.runners.delete(shard);
+    this.deps.metrics.lease.set({ shard: String(shard) }, 0);
+    await runner?.stop(reason);
+  }
+
+  private async handBack(shard: number, reason: string): Promise<void> {
+    await this.drop(shard, reason);
+    await this.leases.release(shard).catch(() => undefined);
+  }
+
+  private async observe(): Promise<void> {
+    for (const r of this.runners.values()) {
+      const lag = await r.lag(this.jsm!).catch(() => undefined);
+      if (lag !== undefined) this.deps.metrics.lag.set({ shard: String(r.shard) }, lag);
+    }
+  }
+
+  /** Finishes the batches in hand, releases every lease and leaves the worker set. */
+  async stop(): Promise<void> {
+    if (this.statusValue.type === "stopping" || this.statusValue.type === "stopped") return;
+    this.statusValue = { type: "stopping" };
+    clearInterval(this.timer);
+    await this.ticking;
+    for (const shard of [...this.runners.keys()]) await this.handBack(shard, "worker stopping");
+    await this.leases.leave().catch(() => undefined);
+    this.statusValue = { type: "stopped" };
+  }
+}
