@@ -75,7 +75,18 @@ class AckError extends Error {
   }
 }
 
+/** Counters of a Dispatcher's life, for metrics. */
+export interface DispatchStats {
+  /** Entries appended (acknowledged, duplicates included). */
+  appended: number;
+  /** Publish attempts after the first, over all entries. */
+  retries: number;
+  /** Entries whose result was an error. */
+  failed: number;
+}
+
 export class Dispatcher {
+  readonly stats: DispatchStats = { appended: 0, retries: 0, failed: 0 };
   private readonly prefix = createInbox("_INBOX_JG");
   private readonly sub: Subscription;
   private readonly pending = new Map<string, Pending>();
@@ -157,17 +168,21 @@ export class Dispatcher {
     try {
       let last = "";
       for (let attempt = 1; attempt <= this.attempts; attempt++) {
+        if (attempt > 1) this.stats.retries++;
         try {
           const ack = await this.publishOnce(subject, data, h);
+          this.stats.appended++;
           return { user, shard, seq: ack.seq, duplicate: ack.duplicate };
         } catch (err) {
           if (err instanceof AckError && !err.retryable) {
+            this.stats.failed++;
             return { user, shard, error: { code: "DISPATCH_REJECTED", message: err.message } };
           }
           last = err instanceof Error ? err.message : String(err);
           if (attempt < this.attempts) await new Promise((r) => setTimeout(r, Math.min(50 * 2 ** attempt, 1000)));
         }
       }
+      this.stats.failed++;
       return { user, shard, error: { code: "DISPATCH_TIMEOUT", message: `no ack after ${this.attempts} attempts: ${last}` } };
     } finally {
       this.releaseSlot();

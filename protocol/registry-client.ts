@@ -75,18 +75,32 @@ export class RegistryClient {
   }
 
   private async start(): Promise<void> {
-    const jsm = await jetstreamManager(this.nc);
-    let last: number;
-    try {
-      last = (await jsm.streams.info(REGISTRY_STREAM)).state.last_seq;
-    } catch (err) {
-      if (isNotFound(err)) throw new RegistryError(`stream ${REGISTRY_STREAM} does not exist: run \`jetgate registry init\``, { cause: err });
-      throw err;
-    }
+    const last = await this.head();
     const consumer = await this.js.consumers.get(REGISTRY_STREAM, { deliver_policy: DeliverPolicy.All });
     this.messages = await consumer.consume();
     void this.follow(this.messages);
     await this.waitFor(last, this.opts.loadTimeoutMs ?? 10_000);
+  }
+
+  /** The stream seq of the newest registry record on the server. */
+  private async head(): Promise<number> {
+    const jsm = await jetstreamManager(this.nc);
+    try {
+      return (await jsm.streams.info(REGISTRY_STREAM)).state.last_seq;
+    } catch (err) {
+      if (isNotFound(err)) throw new RegistryError(`stream ${REGISTRY_STREAM} does not exist: run \`jetgate registry init\``, { cause: err });
+      throw err;
+    }
+  }
+
+  /**
+   * Catches up with the server: resolves once every record written before this call is applied.
+   * A worker calls it before acting on its epoch, so a paused process that wakes up cannot act on
+   * a view older than the registry (one round trip).
+   */
+  async sync(timeoutMs = 5000): Promise<RegistryState> {
+    await this.waitFor(await this.head(), timeoutMs);
+    return this.current;
   }
 
   private async follow(messages: ConsumerMessages): Promise<void> {

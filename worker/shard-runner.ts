@@ -245,7 +245,8 @@ export class ShardRunner {
     const results = await this.redisStep(items, epoch);
     if (results === undefined) return false;
     this.fault("redis");
-    if (!this.isCurrent(epoch)) return false;
+    // Confirm the epoch against the registry's head before anything leaves this process.
+    if (!(await this.confirmEpoch(epoch))) return false;
     let pushed = 0;
     for (let i = 0; i < items.length; i++) {
       const it = items[i]!;
@@ -318,6 +319,20 @@ export class ShardRunner {
         if (attempt % 10 === 0) this.d.log.warn({ shard: this.shard, err: (err as Error).message, attempt }, "redis step failed; retrying");
         await new Promise((r) => setTimeout(r, Math.min(100 * 2 ** Math.min(attempt, 4), 2000)));
         if (!this.isCurrent(epoch)) return undefined;
+      }
+    }
+  }
+
+  /** True once the registry, read up to its head, still shows `epoch`; retried while NATS is away. */
+  private async confirmEpoch(epoch: number): Promise<boolean> {
+    for (let attempt = 0; ; attempt++) {
+      if (!this.isCurrent(epoch)) return false;
+      try {
+        await this.d.registry.sync();
+        return this.isCurrent(epoch);
+      } catch (err) {
+        if (attempt % 10 === 0) this.d.log.warn({ shard: this.shard, err: (err as Error).message }, "cannot confirm the epoch; retrying");
+        await new Promise((r) => setTimeout(r, Math.min(100 * 2 ** Math.min(attempt, 4), 2000)));
       }
     }
   }

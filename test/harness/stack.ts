@@ -6,7 +6,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { connect, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { Redis } from "ioredis";
-import { decodePush, loadConfig, type Push } from "../../protocol/index.js";
+import { decodePush, loadConfig, type Dispatcher, type Push } from "../../protocol/index.js";
 import { initRegistry } from "../../worker/index.js";
 import { NatsServer, RedisServer, freePort } from "./servers.js";
 import { waitFor } from "./wait.js";
@@ -135,7 +135,9 @@ export class PushCollector {
     const nc = await connect({ servers: natsUrl });
     let self: PushCollector | undefined;
     const sub = nc.subscribe("push.>", {
-      callback: (_e, m) => self?.pushes.push({ user: m.subject.slice("push.".length), push: decodePush(m.data) }),
+      callback: (_e, m) => {
+        self?.pushes.push({ user: m.subject.slice("push.".length), push: decodePush(m.data) });
+      },
     });
     self = new PushCollector(nc, sub);
     await nc.flush();
@@ -159,4 +161,59 @@ export async function redisClient(url: string): Promise<Redis> {
   const r = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 1 });
   await r.connect();
   return r;
+}
+
+/**
+ * Continuous dispatch load from this process: `rate` entries every `everyMs` to random users of
+ * `users`, until stopped. Records every acknowledged message id per user.
+ */
+export class DispatchLoad {
+  readonly sent = new Map<string, string[]>();
+  readonly failed: unknown[] = [];
+  private running = true;
+  private loop: Promise<void>;
+  private n = 0;
+
+  constructor(
+    private readonly dispatcher: Dispatcher,
+    private readonly users: readonly string[],
+    opts: { perTick: number; everyMs: number; lane?: string; prefix?: string },
+  ) {
+    const prefix = opts.prefix ?? "L";
+    this.loop = (async () => {
+      while (this.running) {
+        const batch: Promise<void>[] = [];
+        for (let i = 0; i < opts.perTick; i++) {
+          const user = users[Math.floor(Math.random() * users.length)]!;
+          const id = `${prefix}${this.n++}`;
+          batch.push(
+            dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: opts.lane ?? "default", recipients: [user], body: new Uint8Array(8) }).then(
+              (r) => {
+                if ("error" in r[0]!) this.failed.push(r[0]);
+                else this.sent.set(user, [...(this.sent.get(user) ?? []), id]);
+              },
+              (e: unknown) => void this.failed.push(e),
+            ),
+          );
+        }
+        await Promise.all(batch);
+        await new Promise((r) => setTimeout(r, opts.everyMs));
+      }
+    })();
+  }
+
+  get count(): number {
+    let c = 0;
+    for (const ids of this.sent.values()) c += ids.length;
+    return c;
+  }
+
+  allIds(): string[] {
+    return [...this.sent.values()].flat();
+  }
+
+  async stop(): Promise<void> {
+    this.running = false;
+    await this.loop;
+  }
 }

@@ -1,0 +1,143 @@
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import { connect } from "@nats-io/transport-node";
+import {
+  Dispatcher, RedisKeys, RegistryClient, composeSeq, seqKey, seqOffset, type Push,
+} from "../../protocol/index.js";
+import { applyEntry } from "../../worker/mailbox-script.js";
+import { startInfra, initStack, spawnWorker, PushCollector, redisClient, DispatchLoad } from "../harness/stack.js";
+import { sleep, waitFor } from "../harness/wait.js";
+
+// A 1 s JetStream duplicate window, so a test can append the same dispatch twice outside it.
+const infra = await startInfra({ JETGATE_LEASE_MS: "1000", JETGATE_DUPLICATE_WINDOW_S: "1" });
+after(() => infra.dispose());
+await initStack(infra.env);
+const nc = await connect({ servers: infra.nats.url });
+const registry = await RegistryClient.open(nc);
+const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: ["default", "chat"] });
+const pushes = await PushCollector.start(infra.nats.url);
+const worker = await spawnWorker(infra.env);
+after(async () => {
+  await worker.kill();
+  dispatcher.close();
+  await pushes.close();
+  await registry.close();
+  await nc.close();
+});
+await waitFor("worker owns both shards", async () => (await worker.metric("jetgate_worker_lease_held")) === 2);
+
+const one = (user: string, id: string, lane = "default") =>
+  dispatcher.dispatch({ dispatch_id: id, message_id: id, lane, recipients: [user], body: new TextEncoder().encode(id) });
+const pushesOf = (user: string) => pushes.pushes.filter((p) => p.user === user).map((p) => p.push);
+
+test("worker - pushes each entry with its composite seq and the lane's prev", async () => {
+  await one("walt", "w1");
+  await one("walt", "w2", "chat");
+  await one("walt", "w3");
+  const got = await waitFor("three pushes for walt", () => (pushesOf("walt").length === 3 ? pushesOf("walt") : undefined));
+  const [a, b, c] = got.map((p) => p.entry) as [Push["entry"], Push["entry"], Push["entry"]];
+  const shard = registry.shards.shardOf("walt")!;
+  const epoch = registry.state.shards.get(shard)!.epoch;
+  assert.deepEqual(got.map((p) => [p.shard, p.epoch]), [[shard, epoch], [shard, epoch], [shard, epoch]]);
+  assert.ok(a.seq >= composeSeq(epoch, 1) && b.seq > a.seq && c.seq > b.seq);
+  assert.equal(a.prev, null, "first entry of the lane: the worker cannot know a prev");
+  assert.equal(b.prev, null, "first of lane chat");
+  assert.equal(c.prev, a.seq, "prev is the previous seq in the same lane");
+  assert.equal(new TextDecoder().decode(c.b), "w3");
+  const r = await redisClient(infra.redis.url);
+  try {
+    const keys = new RedisKeys("jg");
+    assert.equal(await r.hget(keys.watermarks("walt"), "default"), seqKey(c.seq));
+    assert.equal(await r.hget(keys.watermarks("walt"), "_all"), seqKey(c.seq));
+    const cache = await r.xrange(keys.hotCache("walt"), "-", "+");
+    assert.deepEqual(cache.map(([id]) => id), got.map((p) => `${epoch}-${seqOffset(p.entry.seq)}`));
+  } finally {
+    r.disconnect();
+  }
+});
+
+test("worker - the same dispatch appended twice outside the JetStream window: one push, one duplicate counted", async () => {
+  const dupsBefore = await worker.metric("jetgate_worker_duplicates_total");
+  const first = await one("dora", "dup1");
+  await sleep(1500); // past the 1 s duplicate window
+  const second = await one("dora", "dup1");
+  const [a, b] = [first[0]!, second[0]!];
+  assert.ok("seq" in a && "seq" in b && a.duplicate === false && b.duplicate === false && b.seq > a.seq, "two offsets");
+  await waitFor("duplicate counted", async () => (await worker.metric("jetgate_worker_duplicates_total")) === dupsBefore + 1);
+  await one("dora", "after"); // anything pushed after the duplicate proves the duplicate was passed over
+  await waitFor("entry after the duplicate pushed", () => pushesOf("dora").some((p) => p.entry.id === "after"));
+  assert.deepEqual(pushesOf("dora").map((p) => p.entry.id), ["dup1", "after"]);
+});
+
+test("worker - the watermark script never lowers a watermark under concurrent updates from two clients", async () => {
+  const [r1, r2] = [await redisClient(infra.redis.url), await redisClient(infra.redis.url)];
+  const keys = new RedisKeys("wmtest");
+  try {
+    const seqs = Array.from({ length: 400 }, (_, i) => composeSeq(1 + (i % 3), 1 + Math.floor(Math.random() * 1e9)));
+    const call = (r: typeof r1, seq: bigint, i: number) =>
+      applyEntry(r, {
+        dedupKey: keys.dedup("u", `d${i}`), watermarkKey: keys.watermarks("u"), hotCacheKey: keys.hotCache("u"),
+        token: `l:${i}`, dedupTtlS: 60, lane: "x", seq20: seqKey(seq), seqMinus1_20: seqKey(seq - 1n), streamId: `${i + 1}-1`,
+        cacheBody: new Uint8Array(1), hotCacheMaxLen: 0, hotCacheTtlS: 60, watermarkTtlS: 60,
+      });
+    let observedMax = 0n;
+    const watcher = (async () => {
+      for (let i = 0; i < 200; i++) {
+        const v = await r1.hget(keys.watermarks("u"), "x");
+        if (v !== null) {
+          assert.ok(BigInt(v) >= observedMax, "watermark went down");
+          observedMax = BigInt(v);
+        }
+      }
+    })();
+    const results = await Promise.all(seqs.map((s, i) => call(i % 2 === 0 ? r1 : r2, s, i)));
+    await watcher;
+    const max = seqs.reduce((m, s) => (s > m ? s : m), 0n);
+    assert.equal(await r1.hget(keys.watermarks("u"), "x"), seqKey(max));
+    for (const r of results) assert.equal(r.first, true);
+  } finally {
+    r1.disconnect();
+    r2.disconnect();
+  }
+});
+
+test("worker - Redis FLUSHALL while it runs: it keeps going, no push is lost, caches refill", async () => {
+  const epochsBefore = [...registry.state.shards.values()].map((s) => s.epoch);
+  const users = ["f1", "f2", "f3", "f4", "f5"];
+  const load = new DispatchLoad(dispatcher, users, { perTick: 10, everyMs: 20, prefix: "F" });
+  await sleep(700);
+  const r = await redisClient(infra.redis.url);
+  await r.flushall();
+  await sleep(700);
+  await load.stop();
+  const ids = load.allIds();
+  assert.equal(load.failed.length, 0);
+  await waitFor("every dispatched entry pushed", () => {
+    const pushed = new Set(pushes.pushes.map((p) => p.push.entry.id));
+    return ids.every((id) => pushed.has(id));
+  });
+  const keys = new RedisKeys("jg");
+  const afterFlush = pushes.pushes.filter((p) => users.includes(p.user));
+  assert.ok(afterFlush.some((p) => p.push.entry.prev === null && p.push.entry.id !== load.sent.get(p.user)?.[0]), "a prev lost with the flush is sent as unknown");
+  for (const u of users) {
+    assert.ok((await r.hget(keys.watermarks(u), "default")) !== null, `watermark of ${u} refilled`);
+    assert.ok((await r.xlen(keys.hotCache(u))) > 0, `hot cache of ${u} refilled`);
+  }
+  await waitFor("lease taken again", async () => (await r.exists(keys.lease(0))) === 1 && (await r.exists(keys.lease(1))) === 1);
+  assert.deepEqual([...registry.state.shards.values()].map((s) => s.epoch), epochsBefore, "no takeover: the worker kept its shards");
+  r.disconnect();
+});
+
+test("worker - health, readiness and metrics endpoints", async () => {
+  assert.deepEqual(await worker.http("/healthz"), { status: 200, text: "ok\n" });
+  const ready = await worker.http("/readyz");
+  assert.equal(ready.status, 200);
+  assert.deepEqual(JSON.parse(ready.text), { ready: true, problems: [] });
+  const { text } = await worker.http("/metrics");
+  for (const name of [
+    "jetgate_mailbox_seq_regression_total{component=\"worker\"} 0", "jetgate_worker_entries_processed_total",
+    "jetgate_worker_duplicates_total", "jetgate_worker_forwarded_total", "jetgate_worker_lag_entries", "jetgate_shard_epoch",
+    "jetgate_shard_log_offset", "jetgate_worker_lease_held",
+  ]) assert.ok(text.includes(name), name);
+  assert.equal((await worker.http("/nope")).status, 404);
+});
