@@ -125,23 +125,22 @@ export async function spawnWorker(env: Record<string, string>, extra: Record<str
 
 /** Collects every push on `push.>`, decoded. */
 export class PushCollector {
-  readonly pushes: { user: string; push: Push }[] = [];
   private constructor(
     readonly nc: NatsConnection,
     private readonly sub: Subscription,
+    readonly pushes: { user: string; push: Push }[],
   ) {}
 
   static async start(natsUrl: string): Promise<PushCollector> {
     const nc = await connect({ servers: natsUrl });
-    let self: PushCollector | undefined;
+    const pushes: { user: string; push: Push }[] = [];
     const sub = nc.subscribe("push.>", {
       callback: (_e, m) => {
-        self?.pushes.push({ user: m.subject.slice("push.".length), push: decodePush(m.data) });
+        pushes.push({ user: m.subject.slice("push.".length), push: decodePush(m.data) });
       },
     });
-    self = new PushCollector(nc, sub);
     await nc.flush();
-    return self;
+    return new PushCollector(nc, sub, pushes);
   }
 
   /** Message ids pushed per user. */
