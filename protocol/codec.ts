@@ -3,7 +3,7 @@
  */
 import type { z } from "zod";
 import { JetgateError, ErrorCode } from "./errors.js";
-import { MsgpackDecodeError, MsgpackWriter, unpackOne } from "./msgpack.js";
+import { MsgpackDecodeError, encodeWith, unpackOne, type MsgpackWriter } from "./msgpack.js";
 import {
   CLIENT_FRAME_TYPES,
   ClientFrameSchema,
@@ -96,12 +96,16 @@ export function decodeServerFrame(data: unknown, opts: DecodeOptions = {}): Serv
 
 /** Encodes any frame. u64 fields must be bigints or safe integers; they go out as msgpack uints. */
 export function encodeFrame(frame: ClientFrame | ServerFrame): Uint8Array {
-  return new MsgpackWriter().value(frame).toBytes();
+  return encodeWith((w) => w.value(frame));
 }
 
 /** Encodes one entry on its own, for splicing into MSGS frames with `encodeMsgsFrame`. */
 export function encodeEntry(entry: Entry): Uint8Array {
-  const w = new MsgpackWriter(64 + entry.b.byteLength);
+  return encodeWith((w) => writeEntry(w, entry));
+}
+
+/** Writes an entry map; field order is part of the byte-level contract of spliced frames. */
+export function writeEntry(w: MsgpackWriter, entry: Entry): void {
   w.mapHeader(6);
   w.str("seq").uint(entry.seq);
   w.str("id").str(entry.id);
@@ -111,7 +115,6 @@ export function encodeEntry(entry: Entry): Uint8Array {
   else w.uint(entry.prev);
   w.str("ts").uint(entry.ts);
   w.str("b").bin(entry.b);
-  return w.toBytes();
 }
 
 /**
@@ -123,16 +126,13 @@ export function encodeMsgsFrame(
   encodedEntries: readonly Uint8Array[],
   extra: { id?: number; more?: boolean } = {},
 ): Uint8Array {
-  let size = 32;
-  for (const e of encodedEntries) size += e.byteLength;
-  const w = new MsgpackWriter(size);
-  const fields = 3 + (extra.id !== undefined ? 1 : 0) + (extra.more !== undefined ? 1 : 0);
-  w.mapHeader(fields);
-  w.str("t").str("MSGS");
-  w.str("shard").uint(shard);
-  w.str("e").arrayHeader(encodedEntries.length);
-  for (const e of encodedEntries) w.raw(e);
-  if (extra.id !== undefined) w.str("id").uint(extra.id);
-  if (extra.more !== undefined) w.str("more").bool(extra.more);
-  return w.toBytes();
+  return encodeWith((w) => {
+    w.mapHeader(3 + (extra.id !== undefined ? 1 : 0) + (extra.more !== undefined ? 1 : 0));
+    w.str("t").str("MSGS");
+    w.str("shard").uint(shard);
+    w.str("e").arrayHeader(encodedEntries.length);
+    for (const e of encodedEntries) w.raw(e);
+    if (extra.id !== undefined) w.str("id").uint(extra.id);
+    if (extra.more !== undefined) w.str("more").bool(extra.more);
+  });
 }

@@ -12,7 +12,7 @@
  * dedup catches one outside it.
  */
 import { z } from "zod";
-import { createInbox, headers, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { createInbox, headers, type Msg, type MsgHdrs, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { JetgateError } from "./errors.js";
 import { MAX_BODY_BYTES } from "./frames.js";
 import { idSchema } from "./ids.js";
@@ -60,9 +60,35 @@ export interface DispatcherOptions {
   maxInFlight?: number;
 }
 
-interface Pending {
-  resolve: (ack: { seq: number; duplicate: boolean }) => void;
-  reject: (err: Error) => void;
+/** Counters of a Dispatcher's life, for metrics. */
+export interface DispatchStats {
+  /** Entries appended (acknowledged, duplicates included). */
+  appended: number;
+  /** Publish attempts after the first, over all entries. */
+  retries: number;
+  /** Entries whose result was an error. */
+  failed: number;
+}
+
+/** One entry for one recipient, from first publish to its result. */
+interface Job {
+  user: string;
+  shard: number;
+  subject: string;
+  data: Uint8Array;
+  headers: MsgHdrs;
+  attempt: number;
+  deadline: number;
+  lastError: string;
+  call: Call;
+  index: number;
+}
+
+/** One `dispatch()` call: its results, filled in as its jobs finish. */
+interface Call {
+  results: DispatchResult[];
+  remaining: number;
+  resolve: (r: DispatchResult[]) => void;
 }
 
 class AckError extends Error {
@@ -75,30 +101,24 @@ class AckError extends Error {
   }
 }
 
-/** Counters of a Dispatcher's life, for metrics. */
-export interface DispatchStats {
-  /** Entries appended (acknowledged, duplicates included). */
-  appended: number;
-  /** Publish attempts after the first, over all entries. */
-  retries: number;
-  /** Entries whose result was an error. */
-  failed: number;
-}
-
 export class Dispatcher {
   readonly stats: DispatchStats = { appended: 0, retries: 0, failed: 0 };
   private readonly prefix = createInbox("_INBOX_JG");
   private readonly sub: Subscription;
-  private readonly pending = new Map<string, Pending>();
-  private readonly chains = new Map<string, Promise<unknown>>();
+  /** Publishes awaiting an ack, by reply token; insertion order is deadline order. */
+  private readonly pending = new Map<string, Job>();
+  /** Users with a job in flight, and the jobs waiting behind it (the per-user order). */
+  private readonly users = new Map<string, Job[]>();
+  /** Jobs of idle users waiting for an in-flight slot. */
+  private readonly waiting: Job[] = [];
   private readonly lanes: Set<string>;
   private readonly maxBody: number;
   private readonly ackTimeoutMs: number;
   private readonly attempts: number;
   private readonly maxInFlight: number;
   private inFlight = 0;
-  private readonly slotWaiters: (() => void)[] = [];
   private nextToken = 0;
+  private readonly sweeper: ReturnType<typeof setInterval>;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -111,6 +131,9 @@ export class Dispatcher {
     this.attempts = opts.attempts ?? 5;
     this.maxInFlight = opts.maxInFlight ?? 10_000;
     this.sub = nc.subscribe(`${this.prefix}.*`, { callback: (err, msg) => (err ? undefined : this.onAck(msg)) });
+    // One timer for every ack deadline instead of one per publish.
+    this.sweeper = setInterval(() => this.sweep(), Math.max(10, Math.min(100, Math.floor(this.ackTimeoutMs / 4))));
+    this.sweeper.unref?.();
   }
 
   /** Validates the whole request first; throws DispatchValidationError without publishing anything. */
@@ -137,130 +160,131 @@ export class Dispatcher {
   }
 
   /** Appends the entry for every recipient; one result per recipient, in request order. */
-  async dispatch(req: DispatchRequest): Promise<DispatchResult[]> {
-    const r = this.validate(req);
-    const data = encodeStoredEntry({ id: r.message_id, d: r.dispatch_id, ts: Date.now(), b: r.body });
-    return Promise.all(
-      r.recipients.map((user, i) => this.enqueue(user, () => this.publishEntry(user, r.shards[i]!, r.lane, r.dispatch_id, data))),
-    );
-  }
-
-  /** Runs `task` after every earlier task of this user has settled. */
-  private enqueue<T>(user: string, task: () => Promise<T>): Promise<T> {
-    const before = this.chains.get(user) ?? Promise.resolve();
-    const run = before.then(task, task);
-    const tail = run.then(
-      () => undefined,
-      () => undefined,
-    );
-    this.chains.set(user, tail);
-    void tail.then(() => {
-      if (this.chains.get(user) === tail) this.chains.delete(user);
-    });
-    return run;
-  }
-
-  private async publishEntry(user: string, shard: number, lane: string, dispatchId: string, data: Uint8Array): Promise<DispatchResult> {
-    const subject = entrySubject(shard, user, lane);
-    const h = headers();
-    h.set("Nats-Msg-Id", entryMsgId(dispatchId, user));
-    await this.acquireSlot();
+  dispatch(req: DispatchRequest): Promise<DispatchResult[]> {
+    let r: ReturnType<Dispatcher["validate"]>;
     try {
-      let last = "";
-      for (let attempt = 1; attempt <= this.attempts; attempt++) {
-        if (attempt > 1) this.stats.retries++;
-        try {
-          const ack = await this.publishOnce(subject, data, h);
-          this.stats.appended++;
-          return { user, shard, seq: ack.seq, duplicate: ack.duplicate };
-        } catch (err) {
-          if (err instanceof AckError && !err.retryable) {
-            this.stats.failed++;
-            return { user, shard, error: { code: "DISPATCH_REJECTED", message: err.message } };
-          }
-          last = err instanceof Error ? err.message : String(err);
-          if (attempt < this.attempts) await new Promise((r) => setTimeout(r, Math.min(50 * 2 ** attempt, 1000)));
-        }
+      r = this.validate(req);
+    } catch (err) {
+      return Promise.reject(err instanceof Error ? err : new Error(String(err)));
+    }
+    const data = encodeStoredEntry({ id: r.message_id, d: r.dispatch_id, ts: Date.now(), b: r.body });
+    return new Promise((resolve) => {
+      const call: Call = { results: new Array<DispatchResult>(r.recipients.length), remaining: r.recipients.length, resolve };
+      for (let i = 0; i < r.recipients.length; i++) {
+        const user = r.recipients[i]!;
+        const shard = r.shards[i]!;
+        const h = headers();
+        h.set("Nats-Msg-Id", entryMsgId(r.dispatch_id, user));
+        this.schedule({
+          user, shard, subject: entrySubject(shard, user, r.lane), data, headers: h,
+          attempt: 0, deadline: 0, lastError: "", call, index: i,
+        });
       }
-      this.stats.failed++;
-      return { user, shard, error: { code: "DISPATCH_TIMEOUT", message: `no ack after ${this.attempts} attempts: ${last}` } };
-    } finally {
-      this.releaseSlot();
+    });
+  }
+
+  private schedule(job: Job): void {
+    const queue = this.users.get(job.user);
+    if (queue !== undefined) {
+      queue.push(job); // behind this user's job in flight: order per user
+      return;
+    }
+    this.users.set(job.user, []);
+    if (this.inFlight < this.maxInFlight) this.send(job);
+    else this.waiting.push(job);
+  }
+
+  private send(job: Job): void {
+    if (job.attempt === 0) this.inFlight++;
+    else this.stats.retries++;
+    job.attempt++;
+    job.deadline = Date.now() + this.ackTimeoutMs;
+    const token = (this.nextToken++).toString(36);
+    this.pending.set(token, job);
+    try {
+      this.nc.publish(job.subject, job.data, { reply: `${this.prefix}.${token}`, headers: job.headers });
+    } catch (err) {
+      this.pending.delete(token);
+      this.failedAttempt(job, new AckError(err instanceof Error ? err.message : String(err), true));
     }
   }
 
-  private publishOnce(subject: string, data: Uint8Array, h: ReturnType<typeof headers>): Promise<{ seq: number; duplicate: boolean }> {
-    const token = (this.nextToken++).toString(36);
-    return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
-        this.pending.delete(token);
-        reject(new AckError(`ack timeout after ${this.ackTimeoutMs} ms`, true));
-      }, this.ackTimeoutMs);
-      this.pending.set(token, {
-        resolve: (a) => {
-          clearTimeout(timer);
-          resolve(a);
-        },
-        reject: (e) => {
-          clearTimeout(timer);
-          reject(e);
-        },
-      });
-      try {
-        this.nc.publish(subject, data, { reply: `${this.prefix}.${token}`, headers: h });
-      } catch (err) {
-        this.pending.delete(token);
-        clearTimeout(timer);
-        reject(err instanceof Error ? err : new Error(String(err)));
-      }
-    });
+  private sweep(): void {
+    const now = Date.now();
+    for (const [token, job] of this.pending) {
+      if (job.deadline > now) break;
+      this.pending.delete(token);
+      this.failedAttempt(job, new AckError(`ack timeout after ${this.ackTimeoutMs} ms`, true));
+    }
+  }
+
+  private failedAttempt(job: Job, err: AckError): void {
+    if (!err.retryable) {
+      this.finish(job, { user: job.user, shard: job.shard, error: { code: "DISPATCH_REJECTED", message: err.message } });
+      return;
+    }
+    job.lastError = err.message;
+    if (job.attempt >= this.attempts) {
+      this.finish(job, { user: job.user, shard: job.shard, error: { code: "DISPATCH_TIMEOUT", message: `no ack after ${this.attempts} attempts: ${err.message}` } });
+      return;
+    }
+    // Same Nats-Msg-Id: JetStream drops the copy if the first attempt did land.
+    setTimeout(() => this.send(job), Math.min(50 * 2 ** job.attempt, 1000));
+  }
+
+  private finish(job: Job, result: DispatchResult): void {
+    if ("error" in result) this.stats.failed++;
+    else this.stats.appended++;
+    const call = job.call;
+    call.results[job.index] = result;
+    if (--call.remaining === 0) call.resolve(call.results);
+    // The slot passes to this user's next job, else to the next waiting job of another user.
+    const queue = this.users.get(job.user)!;
+    const next = queue.shift();
+    if (next !== undefined) {
+      next.attempt = 0;
+      this.inFlight--;
+      this.send(next);
+      return;
+    }
+    this.users.delete(job.user);
+    this.inFlight--;
+    const waiting = this.waiting.shift();
+    if (waiting !== undefined) this.send(waiting);
   }
 
   private onAck(msg: Msg): void {
     const token = msg.subject.slice(this.prefix.length + 1);
-    const p = this.pending.get(token);
-    if (!p) return; // a late ack of an attempt that already timed out
+    const job = this.pending.get(token);
+    if (!job) return; // a late ack of an attempt that already timed out
     this.pending.delete(token);
     if (msg.headers?.hasError) {
       // 503: no stream is listening on the subject (yet): worth a retry.
-      p.reject(new AckError(`${msg.headers.code} ${msg.headers.description}`, msg.headers.code === 503));
+      this.failedAttempt(job, new AckError(`${msg.headers.code} ${msg.headers.description}`, msg.headers.code === 503));
       return;
     }
     let body: { seq?: unknown; duplicate?: unknown; error?: { code?: number; description?: string } };
     try {
       body = msg.json();
     } catch {
-      p.reject(new AckError("unreadable ack", true));
+      this.failedAttempt(job, new AckError("unreadable ack", true));
       return;
     }
     if (body.error) {
       const code = body.error.code ?? 0;
-      p.reject(new AckError(`${code} ${body.error.description ?? ""}`.trim(), code === 503 || code >= 500));
+      this.failedAttempt(job, new AckError(`${code} ${body.error.description ?? ""}`.trim(), code === 503 || code >= 500));
       return;
     }
     if (typeof body.seq !== "number") {
-      p.reject(new AckError("ack without seq", true));
+      this.failedAttempt(job, new AckError("ack without seq", true));
       return;
     }
-    p.resolve({ seq: body.seq, duplicate: body.duplicate === true });
-  }
-
-  private acquireSlot(): Promise<void> {
-    if (this.inFlight < this.maxInFlight) {
-      this.inFlight++;
-      return Promise.resolve();
-    }
-    return new Promise((resolve) => this.slotWaiters.push(resolve));
-  }
-
-  private releaseSlot(): void {
-    const next = this.slotWaiters.shift();
-    if (next) next();
-    else this.inFlight--;
+    this.finish(job, { user: job.user, shard: job.shard, seq: body.seq, duplicate: body.duplicate === true });
   }
 
   /** Stops listening for acks; publishes still pending fail by timeout. */
   close(): void {
+    clearInterval(this.sweeper);
     this.sub.unsubscribe();
   }
 }

@@ -10,9 +10,9 @@
 import { JetgateError } from "./errors.js";
 import { MAX_BODY_BYTES, type Entry } from "./frames.js";
 import { idProblem } from "./ids.js";
-import { MsgpackWriter, unpackOne } from "./msgpack.js";
+import { encodeWith, unpackOne } from "./msgpack.js";
 import { MAX_EPOCH, U64_MAX } from "./seq.js";
-import { encodeEntry } from "./codec.js";
+import { writeEntry } from "./codec.js";
 
 export class EntryFormatError extends JetgateError {
   constructor(message: string, options?: { cause?: unknown }) {
@@ -30,9 +30,7 @@ export interface StoredEntry {
 }
 
 export function encodeStoredEntry(e: StoredEntry): Uint8Array {
-  const w = new MsgpackWriter(48 + e.b.byteLength);
-  w.mapHeader(4).str("id").str(e.id).str("d").str(e.d).str("ts").uint(e.ts).str("b").bin(e.b);
-  return w.toBytes();
+  return encodeWith((w) => w.mapHeader(4).str("id").str(e.id).str("d").str(e.d).str("ts").uint(e.ts).str("b").bin(e.b));
 }
 
 function asMap(bytes: Uint8Array, what: string): Record<string, unknown> {
@@ -90,10 +88,10 @@ export interface Push {
 
 /** Encodes a push; the entry inside is the wire entry, so a gateway can forward it as it is. */
 export function encodePush(p: Push): Uint8Array {
-  const entry = encodeEntry(p.entry);
-  const w = new MsgpackWriter(32 + entry.byteLength);
-  w.mapHeader(3).str("shard").uint(p.shard).str("epoch").uint(p.epoch).str("e").raw(entry);
-  return w.toBytes();
+  return encodeWith((w) => {
+    w.mapHeader(3).str("shard").uint(p.shard).str("epoch").uint(p.epoch).str("e");
+    writeEntry(w, p.entry);
+  });
 }
 
 export function decodePush(bytes: Uint8Array): Push {
@@ -122,9 +120,7 @@ export function decodePush(bytes: Uint8Array): Push {
  * `prev` is decided inside the Redis script, so it cannot be part of the pre-encoded bytes.
  */
 export function encodeCacheBody(e: { id: string; lane: string; ts: number; b: Uint8Array }): Uint8Array {
-  const w = new MsgpackWriter(48 + e.b.byteLength);
-  w.mapHeader(4).str("id").str(e.id).str("lane").str(e.lane).str("ts").uint(e.ts).str("b").bin(e.b);
-  return w.toBytes();
+  return encodeWith((w) => w.mapHeader(4).str("id").str(e.id).str("lane").str(e.lane).str("ts").uint(e.ts).str("b").bin(e.b));
 }
 
 export function decodeCacheRecord(seq: string, prev: string, body: Uint8Array): Entry {

@@ -57,6 +57,12 @@ export class MsgpackWriter {
     return this.pos;
   }
 
+  /** Empties the writer, keeping its buffer. */
+  reset(): this {
+    this.pos = 0;
+    return this;
+  }
+
   private ensure(n: number): void {
     if (this.pos + n <= this.buf.length) return;
     let size = this.buf.length * 2;
@@ -144,6 +150,25 @@ export class MsgpackWriter {
   }
 
   str(s: string): this {
+    const len = s.length;
+    if (len < 32) {
+      // Short strings (keys, ids, lanes) are almost always ASCII: copy the char codes directly,
+      // which is far cheaper than a TextEncoder call per string.
+      this.ensure(1 + len);
+      const b = this.buf;
+      const start = this.pos + 1;
+      let i = 0;
+      for (; i < len; i++) {
+        const c = s.charCodeAt(i);
+        if (c >= 0x80) break;
+        b[start + i] = c;
+      }
+      if (i === len) {
+        b[this.pos] = 0xa0 | len;
+        this.pos = start + len;
+        return this;
+      }
+    }
     // Worst case 3 bytes per UTF-16 unit; write the body first, then the header in front of it.
     const max = s.length * 3;
     this.ensure(5 + max);
@@ -258,7 +283,29 @@ export class MsgpackWriter {
   }
 }
 
+const scratch = new MsgpackWriter(64 * 1024);
+let scratchBusy = false;
+
+/**
+ * Encodes with a shared scratch writer and returns a copy of the bytes: one allocation per encode
+ * on hot paths. `write` must be synchronous; a nested call gets a writer of its own.
+ */
+export function encodeWith(write: (w: MsgpackWriter) => void): Uint8Array {
+  if (scratchBusy) {
+    const w = new MsgpackWriter();
+    write(w);
+    return w.toBytes();
+  }
+  scratchBusy = true;
+  try {
+    write(scratch.reset());
+    return scratch.toBytes();
+  } finally {
+    scratchBusy = false;
+  }
+}
+
 /** Encodes one plain value (see MsgpackWriter.value). */
 export function pack(v: unknown): Uint8Array {
-  return new MsgpackWriter().value(v).toBytes();
+  return encodeWith((w) => w.value(v));
 }

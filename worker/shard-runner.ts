@@ -212,22 +212,51 @@ export class ShardRunner {
     return true;
   }
 
+  /**
+   * A reader moves messages from the consumer into a local queue; the processor takes everything
+   * queued (up to a batch) as one batch and never waits to fill one, so a live entry is pushed as
+   * soon as the batch before it is done. The queue is bounded: the reader pauses above it.
+   */
   private async consumeLoop(messages: ConsumerMessages, epoch: number): Promise<void> {
     const batchSize = this.d.config.JETGATE_WORKER_BATCH;
-    let batch: JsMsg[] = [];
-    try {
-      for await (const m of messages) {
-        batch.push(m);
-        // Take whatever is already buffered into the same batch; never wait to fill one.
-        if (batch.length < batchSize && messages.getPending() > 0) continue;
-        const ok = await this.processBatch(batch, epoch);
-        batch = [];
-        if (!ok) break;
+    const queue: JsMsg[] = [];
+    let wake: (() => void) | undefined;
+    let room: (() => void) | undefined;
+    let readerDone = false;
+    const reader = (async () => {
+      try {
+        for await (const m of messages) {
+          queue.push(m);
+          wake?.();
+          if (queue.length >= batchSize * 2) await new Promise<void>((r) => (room = r));
+        }
+      } catch (err) {
+        this.d.log.error({ shard: this.shard, err }, "consume failed");
+      } finally {
+        readerDone = true;
+        wake?.();
       }
-    } catch (err) {
-      this.d.log.error({ shard: this.shard, err }, "consume failed");
+    })();
+    while (this.stateValue.type === "running") {
+      if (queue.length === 0) {
+        if (readerDone) break;
+        await new Promise<void>((r) => (wake = r));
+        wake = undefined;
+        continue;
+      }
+      const batch = queue.splice(0, batchSize);
+      room?.();
+      room = undefined;
+      try {
+        if (!(await this.processBatch(batch, epoch))) break;
+      } catch (err) {
+        this.d.log.error({ shard: this.shard, err }, "batch failed");
+        break;
+      }
     }
     this.halt(this.stateValue.type === "stopped" ? this.stateValue.reason : "consumer ended");
+    room?.();
+    await reader;
   }
 
   /** Processes one batch; false when the runner must stop (fenced or stopping). */
@@ -236,8 +265,10 @@ export class ShardRunner {
     const shardState = this.d.registry.state.shards.get(this.shard)!;
     const items: Item[] = [];
     const forwards: JsMsg[] = [];
+    let maxOffset = this.lastOffset;
     for (const m of batch) {
-      if (m.seq <= this.lastOffset) continue; // a redelivery of what is already done
+      if (m.seq <= maxOffset) continue; // a redelivery of what is already done or in this batch
+      maxOffset = m.seq;
       const parsed = this.parse(m, epoch, shardState);
       if (parsed === "forward") forwards.push(m);
       else if (parsed !== undefined) items.push(parsed);
@@ -274,7 +305,8 @@ export class ShardRunner {
     const subj = parseEntrySubject(m.subject);
     try {
       if (subj === undefined || subj.shard !== this.shard) throw new Error(`unexpected subject ${m.subject}`);
-      if (!ownsUser(shardState, subj.user)) return "forward";
+      // Before any split every entry of a shard's stream is its own; only then is the hash worth it.
+      if (shardState.splits.length > 0 && !ownsUser(shardState, subj.user)) return "forward";
       const body = decodeStoredEntry(m.data);
       const seq = composeSeq(epoch, m.seq);
       if (seq <= this.lastSeq) this.d.metrics.regressions.inc({ component: "worker" });

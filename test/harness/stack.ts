@@ -9,7 +9,7 @@ import { Redis } from "ioredis";
 import { decodePush, loadConfig, type Dispatcher, type Push } from "../../protocol/index.js";
 import { initRegistry } from "../../worker/index.js";
 import { NatsServer, RedisServer, freePort } from "./servers.js";
-import { waitFor } from "./wait.js";
+import { WaitAbort, waitFor } from "./wait.js";
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));
 
@@ -107,17 +107,21 @@ process.on("exit", () => {
   for (const p of allProcesses) p.kill("SIGKILL");
 });
 
-/** Starts a worker process and waits until it is ready. */
-export async function spawnWorker(env: Record<string, string>, extra: Record<string, string> = {}): Promise<JetgateProcess> {
+/** Starts a worker process and waits until it is ready. `nodeArgs` go before the script (e.g. --cpu-prof). */
+export async function spawnWorker(
+  env: Record<string, string>,
+  extra: Record<string, string> = {},
+  nodeArgs: string[] = [],
+): Promise<JetgateProcess> {
   const port = await freePort();
-  const proc = spawn(process.execPath, ["--import", "tsx", "worker/main.ts"], {
+  const proc = spawn(process.execPath, [...nodeArgs, "--import", "tsx", "worker/main.ts"], {
     cwd: ROOT,
     env: { PATH: process.env.PATH ?? "", ...env, JETGATE_WORKER_HTTP_PORT: String(port), ...extra },
     stdio: ["ignore", "pipe", "pipe"],
   });
   const w = new JetgateProcess(proc, port);
   await waitFor(`worker on port ${port} to be ready`, async () => {
-    if (proc.exitCode !== null) throw new Error(`worker exited with ${proc.exitCode}:\n${w.output.join("\n")}`);
+    if (proc.exitCode !== null) throw new WaitAbort(`worker exited with ${proc.exitCode}:\n${w.output.join("\n")}`);
     return (await w.http("/readyz")).status === 200;
   }, { timeoutMs: 20_000 });
   return w;

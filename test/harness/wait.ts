@@ -4,6 +4,11 @@ export class WaitTimeoutError extends Error {
   override readonly name = "WaitTimeoutError";
 }
 
+/** Thrown by a check to end the wait at once (the thing waited for can no longer happen). */
+export class WaitAbort extends Error {
+  override readonly name = "WaitAbort";
+}
+
 export interface WaitOptions {
   timeoutMs?: number;
   intervalMs?: number;
@@ -11,7 +16,7 @@ export interface WaitOptions {
 
 /**
  * Polls `check` until it returns a value other than undefined/false, or throws WaitTimeoutError
- * naming `what` and the last error `check` threw.
+ * naming `what` and the last error `check` threw. A WaitAbort thrown by `check` ends it at once.
  */
 export async function waitFor<T>(
   what: string,
@@ -25,6 +30,7 @@ export async function waitFor<T>(
       const v = await check();
       if (v !== undefined && v !== false) return v;
     } catch (err) {
+      if (err instanceof WaitAbort) throw err;
       lastError = err;
     }
     if (Date.now() >= deadline) {

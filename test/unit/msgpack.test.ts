@@ -66,3 +66,26 @@ test("msgpack - unpackOne names truncated data, trailing bytes and unknown exten
   const deep = Buffer.concat([Buffer.alloc(200_000, 0x91), Buffer.from("c0", "hex")]);
   assert.throws(() => unpackOne(deep), (e: unknown) => e instanceof MsgpackDecodeError && e.reason === "not_msgpack");
 });
+
+test("msgpack - the shared scratch writer hands out copies and survives nested and large encodes", async () => {
+  const { encodeWith } = await import("../../protocol/index.js");
+  const a = pack({ a: 1 });
+  const b = pack({ b: 2 });
+  assert.equal(hex(a), "81a16101", "an earlier result is not overwritten by a later encode");
+  assert.equal(hex(b), "81a16202");
+  const nested = encodeWith((w) => {
+    w.arrayHeader(2).raw(pack("x"));
+    w.raw(pack("y"));
+  });
+  assert.equal(hex(nested), "92a178a179");
+  const big = pack(new Uint8Array(200_000));
+  assert.equal(big.byteLength, 200_005);
+  assert.equal(hex(pack(1)), "01", "scratch still usable after growing");
+});
+
+test("msgpack - short ASCII and non-ASCII strings both encode to valid UTF-8 msgpack", () => {
+  for (const s of ["", "a", "x".repeat(31), "x".repeat(32), "é", "ab€", "日本語のテキスト", "😀".repeat(10), "a".repeat(30) + "é"]) {
+    assert.equal(unpackOne(pack(s)), s, JSON.stringify(s));
+  }
+  assert.equal(hex(pack("abc")), "a3616263");
+});

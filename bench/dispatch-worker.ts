@@ -1,0 +1,115 @@
+/**
+ * Dispatch throughput and worker entries/s, on this machine, against its own nats-server and
+ * redis-server (started in a temp dir, like the tests).
+ *
+ *   npm run bench:dispatch -- [--entries 200000] [--users 20000] [--recipients 100] [--shards 4] [--json]
+ *
+ * Phases:
+ *   dispatch  entries appended per second by one Dispatcher (no worker running)
+ *   drain     one worker process working off that backlog: entries/s until its lag is 0
+ *   live      dispatch and worker at once: dispatch rate, and the worker's lag when dispatch ends
+ */
+import { parseArgs } from "node:util";
+import { cpus } from "node:os";
+import { connect } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { Dispatcher, RegistryClient } from "../protocol/index.js";
+import { startInfra, initStack, spawnWorker, type JetgateProcess } from "../test/harness/stack.js";
+import { waitFor } from "../test/harness/wait.js";
+
+const { values } = parseArgs({
+  options: {
+    entries: { type: "string", default: "200000" },
+    users: { type: "string", default: "20000" },
+    recipients: { type: "string", default: "100" },
+    shards: { type: "string", default: "4" },
+    json: { type: "boolean", default: false },
+  },
+});
+const entries = Number(values.entries);
+const users = Array.from({ length: Number(values.users) }, (_, i) => `user${i}`);
+const perCall = Number(values.recipients);
+const body = new Uint8Array(100);
+
+function report(phase: string, data: Record<string, number | string>): void {
+  if (values.json) console.log(JSON.stringify({ bench: "dispatch-worker", phase, ...data }));
+  else console.log(`${phase.padEnd(9)} ${Object.entries(data).map(([k, v]) => `${k}=${v}`).join("  ")}`);
+}
+
+async function dispatchAll(d: Dispatcher, prefix: string, total: number): Promise<number> {
+  const started = performance.now();
+  const inFlight = new Set<Promise<unknown>>();
+  let sent = 0;
+  let u = 0;
+  while (sent < total) {
+    const n = Math.min(perCall, total - sent);
+    const recipients = Array.from({ length: n }, () => users[u++ % users.length]!);
+    const id = `${prefix}${sent}`;
+    const p = d.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients, body }).then((r) => {
+      for (const x of r) if ("error" in x) throw new Error(x.error.message);
+    });
+    inFlight.add(p);
+    void p.finally(() => inFlight.delete(p));
+    sent += n;
+    // Bounded dispatch calls in flight; the Dispatcher bounds publishes itself.
+    if (inFlight.size >= 200) await Promise.race(inFlight);
+  }
+  await Promise.all(inFlight);
+  return (performance.now() - started) / 1000;
+}
+
+async function totalPending(nc: Awaited<ReturnType<typeof connect>>, shards: number): Promise<number> {
+  const jsm = await jetstreamManager(nc);
+  let pending = 0;
+  for (let s = 0; s < shards; s++) {
+    for await (const c of jsm.consumers.list(`MBX_${s}`)) pending += c.num_pending + c.num_ack_pending;
+  }
+  return pending;
+}
+
+const infra = await startInfra({ JETGATE_SHARDS: values.shards, JETGATE_LOG_LEVEL: "error", JETGATE_HOT_CACHE_MAXLEN: "64" });
+let worker: JetgateProcess | undefined;
+try {
+  await initStack(infra.env);
+  const nc = await connect({ servers: infra.nats.url });
+  const registry = await RegistryClient.open(nc);
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], ackTimeoutMs: 5000 });
+  console.error(`machine: ${cpus().length} cores, ${cpus()[0]?.model}; node ${process.version}; entries ${entries}, users ${users.length}, recipients per call ${perCall}, shards ${values.shards}`);
+
+  const secs = await dispatchAll(d, "a", entries);
+  report("dispatch", { entries, seconds: secs.toFixed(2), entries_per_s: Math.round(entries / secs), retries: d.stats.retries });
+
+  // Drain: one worker takes all shards and works off the backlog.
+  const drainStart = performance.now();
+  worker = await spawnWorker(infra.env, { JETGATE_WORKER_ID: "bench" });
+  await waitFor("worker owns every shard", async () => (await worker!.metric("jetgate_worker_lease_held")) === Number(values.shards), { timeoutMs: 30_000 });
+  await waitFor("backlog drained", async () => (await worker!.metric("jetgate_worker_entries_processed_total")) >= entries, { timeoutMs: 600_000, intervalMs: 200 });
+  const drainSecs = (performance.now() - drainStart) / 1000;
+  report("drain", { entries, seconds: drainSecs.toFixed(2), entries_per_s: Math.round(entries / drainSecs) });
+
+  // Live: dispatch while the worker runs.
+  const before = await worker.metric("jetgate_worker_entries_processed_total");
+  const liveSecs = await dispatchAll(d, "b", entries);
+  const lagAtEnd = await totalPending(nc, Number(values.shards));
+  const caughtUpStart = performance.now();
+  await waitFor("worker caught up", async () => (await worker!.metric("jetgate_worker_entries_processed_total")) >= before + entries, { timeoutMs: 600_000, intervalMs: 100 });
+  const extra = (performance.now() - caughtUpStart) / 1000;
+  report("live", {
+    entries,
+    dispatch_entries_per_s: Math.round(entries / liveSecs),
+    worker_entries_per_s: Math.round(entries / (liveSecs + extra)),
+    lag_when_dispatch_ended: lagAtEnd,
+    catch_up_after_s: extra.toFixed(2),
+  });
+  report("checks", {
+    regressions: await worker.metric("jetgate_mailbox_seq_regression_total"),
+    duplicates: await worker.metric("jetgate_worker_duplicates_total"),
+    pushed: await worker.metric("jetgate_worker_entries_pushed_total"),
+  });
+  d.close();
+  await registry.close();
+  await nc.close();
+} finally {
+  await worker?.kill();
+  await infra.dispose();
+}
