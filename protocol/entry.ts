@@ -115,23 +115,20 @@ export function decodePush(bytes: Uint8Array): Push {
 }
 
 /**
- * A hot-cache record (Redis stream entry of fields `s`, `p`, `e`): `s` the seq and `p` the prev as
- * 20-digit decimals (`p` empty when unknown), `e` the rest of the entry as msgpack `{id, lane, ts, b}`.
- * `prev` is decided inside the Redis script, so it cannot be part of the pre-encoded bytes.
+ * A hot-cache record (Redis stream entry of fields `s`, `p`, `l`, `e`): `s` the seq and `p` the prev
+ * as 20-digit decimals (`p` empty when unknown), `l` the lane, `e` the stored entry body exactly as
+ * it is in the shard stream. `prev` is decided inside the Redis script, and reusing the stream body
+ * spares the worker an encode per entry.
  */
-export function encodeCacheBody(e: { id: string; lane: string; ts: number; b: Uint8Array }): Uint8Array {
-  return encodeWith((w) => w.mapHeader(4).str("id").str(e.id).str("lane").str(e.lane).str("ts").uint(e.ts).str("b").bin(e.b));
-}
-
-export function decodeCacheRecord(seq: string, prev: string, body: Uint8Array): Entry {
+export function decodeCacheRecord(seq: string, prev: string, lane: string, body: Uint8Array): Entry {
   if (!/^\d{1,20}$/.test(seq) || (prev !== "" && !/^\d{1,20}$/.test(prev))) throw new EntryFormatError("cache record: bad seq or prev");
-  const m = asMap(body, "cache record");
+  const e = decodeStoredEntry(body);
   return {
     seq: checkU64(BigInt(seq), "cache seq"),
-    id: checkId("message", m.id, "cache record"),
-    lane: checkId("lane", m.lane, "cache record"),
+    id: e.id,
+    lane: checkId("lane", lane, "cache record"),
     prev: prev === "" ? null : checkU64(BigInt(prev), "cache prev"),
-    ts: checkTs(m.ts, "cache record"),
-    b: checkBytes(m.b, "cache record"),
+    ts: e.ts,
+    b: e.b,
   };
 }

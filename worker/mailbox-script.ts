@@ -42,10 +42,11 @@ if maxlen > 0 then
     redis.call('HSET', KEYS[2], '_ca', prevAll or a[9])
   elseif len >= maxlen or redis.call('HEXISTS', KEYS[2], '_ca') == 0 then
     -- trimming the oldest (or the hash was lost): complete after the oldest entry kept so far
+    -- (field 2 of a record is its seq: fields are s, seq, p, prev, l, lane, e, body)
     local oldest = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)
     redis.call('HSET', KEYS[2], '_ca', oldest[1][2][2])
   end
-  redis.pcall('XADD', KEYS[3], 'MAXLEN', maxlen, a[5], 's', seq, 'p', prev or '', 'e', ARGV[2])
+  redis.pcall('XADD', KEYS[3], 'MAXLEN', maxlen, a[5], 's', seq, 'p', prev or '', 'l', a[3], 'e', ARGV[2])
   redis.call('EXPIRE', KEYS[3], a[7])
 end
 redis.call('EXPIRE', KEYS[2], a[8])
@@ -65,7 +66,8 @@ export interface ApplyEntryArgs {
   seqMinus1_20: string;
   /** Hot cache stream id `<epoch>-<offset>`. */
   streamId: string;
-  cacheBody: Uint8Array;
+  /** The entry body as stored in the shard stream; the hot cache keeps it as it is. */
+  body: Uint8Array;
   hotCacheMaxLen: number;
   hotCacheTtlS: number;
   watermarkTtlS: number;
@@ -91,7 +93,7 @@ export function applyEntry(redis: RedisClient, a: ApplyEntryArgs): Promise<Apply
       a.watermarkKey,
       a.hotCacheKey,
       `${a.token}|${a.dedupTtlS}|${a.lane}|${a.seq20}|${a.streamId}|${a.hotCacheMaxLen}|${a.hotCacheTtlS}|${a.watermarkTtlS}|${a.seqMinus1_20}`,
-      Buffer.from(a.cacheBody.buffer, a.cacheBody.byteOffset, a.cacheBody.byteLength),
+      Buffer.from(a.body.buffer, a.body.byteOffset, a.body.byteLength),
     )
     .then(([status, prev]) => (status === 1 ? { first: true, prev: prev ?? null } : { first: false }));
 }

@@ -2,7 +2,7 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import {
-  Dispatcher, RedisKeys, RegistryClient, composeSeq, seqKey, seqOffset, type Push,
+  Dispatcher, RedisKeys, RegistryClient, composeSeq, decodeCacheRecord, seqKey, seqOffset, type Push,
 } from "../../protocol/index.js";
 import { applyEntry } from "../../worker/mailbox-script.js";
 import { startInfra, initStack, spawnWorker, PushCollector, redisClient, DispatchLoad } from "../harness/stack.js";
@@ -49,8 +49,13 @@ test("worker - pushes each entry with its composite seq and the lane's prev", as
     const keys = new RedisKeys("jg");
     assert.equal(await r.hget(keys.watermarks("walt"), "default"), seqKey(c.seq));
     assert.equal(await r.hget(keys.watermarks("walt"), "_all"), seqKey(c.seq));
-    const cache = await r.xrange(keys.hotCache("walt"), "-", "+");
-    assert.deepEqual(cache.map(([id]) => id), got.map((p) => `${epoch}-${seqOffset(p.entry.seq)}`));
+    const cache = await r.xrangeBuffer(keys.hotCache("walt"), "-", "+");
+    assert.deepEqual(cache.map(([id]) => id.toString()), got.map((p) => `${epoch}-${seqOffset(p.entry.seq)}`));
+    const fromCache = cache.map(([, f]) => {
+      const field = (name: string) => f[f.findIndex((x, i) => i % 2 === 0 && x.toString() === name) + 1]!;
+      return decodeCacheRecord(field("s").toString(), field("p").toString(), field("l").toString(), field("e"));
+    });
+    assert.deepEqual(fromCache.map((e) => ({ ...e, b: [...e.b] })), got.map((p) => ({ ...p.entry, b: [...p.entry.b] })), "the cache holds exactly what was pushed");
   } finally {
     r.disconnect();
   }
@@ -78,7 +83,7 @@ test("worker - the watermark script never lowers a watermark under concurrent up
       applyEntry(r, {
         dedupKey: keys.dedup("u", `d${i}`), watermarkKey: keys.watermarks("u"), hotCacheKey: keys.hotCache("u"),
         token: `l:${i}`, dedupTtlS: 60, lane: "x", seq20: seqKey(seq), seqMinus1_20: seqKey(seq - 1n), streamId: `${i + 1}-1`,
-        cacheBody: new Uint8Array(1), hotCacheMaxLen: 0, hotCacheTtlS: 60, watermarkTtlS: 60,
+        body: new Uint8Array(1), hotCacheMaxLen: 0, hotCacheTtlS: 60, watermarkTtlS: 60,
       });
     let observedMax = 0n;
     const watcher = (async () => {

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  encodeStoredEntry, decodeStoredEntry, encodePush, decodePush, encodeCacheBody, decodeCacheRecord, EntryFormatError, pack,
+  encodeStoredEntry, decodeStoredEntry, encodePush, decodePush, decodeCacheRecord, EntryFormatError, pack,
   composeSeq, MAX_BODY_BYTES,
 } from "../../protocol/index.js";
 
@@ -20,7 +20,7 @@ test("entry - push round-trips with seqs above 2^53 and an unknown prev", () => 
 });
 
 test("entry - a cache record rebuilds the entry", () => {
-  const e = decodeCacheRecord("00000281474976710657", "", encodeCacheBody({ id: "m", lane: "l", ts: 3, b }));
+  const e = decodeCacheRecord("00000281474976710657", "", "l", encodeStoredEntry({ id: "m", d: "d", ts: 3, b }));
   assert.deepEqual({ ...e, b: [...e.b] }, { seq: composeSeq(1, 1), id: "m", lane: "l", prev: null, ts: 3, b: [...b] });
 });
 
@@ -35,7 +35,8 @@ test("entry - malformed entries and pushes are refused by name", () => {
     ["push: bad epoch", () => decodePush(pack({ shard: 1, epoch: 70000, e: {} }))],
     ["push: e not a map", () => decodePush(pack({ shard: 1, epoch: 1, e: 5 }))],
     ["push: negative seq", () => decodePush(pack({ shard: 1, epoch: 1, e: { seq: -1, id: "a", lane: "l", prev: null, ts: 1, b } }))],
-    ["cache: bad seq", () => decodeCacheRecord("x", "", encodeCacheBody({ id: "m", lane: "l", ts: 3, b }))],
+    ["cache: bad seq", () => decodeCacheRecord("x", "", "l", encodeStoredEntry({ id: "m", d: "d", ts: 3, b }))],
+    ["cache: bad lane", () => decodeCacheRecord("1", "", "a.b", encodeStoredEntry({ id: "m", d: "d", ts: 3, b }))],
   ];
   for (const [name, fn] of bad) assert.throws(fn, EntryFormatError, name);
 });
