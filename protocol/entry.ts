@@ -2,7 +2,10 @@
  * What a mailbox entry looks like inside NATS:
  * - in a shard stream, the body `{id, d, ts, b}` (message id, dispatch id, ms, bytes) under the
  *   subject `mbx.<shard>.<user>.<lane>` (DESIGN section 4);
- * - on `push.<user>`, `{shard, epoch, e: Entry}` published by the owning worker.
+ * - on `push.<user>`, `{shard, epoch, e: Entry, pa}` published by the owning worker; `pa` is the
+ *   user's previous seq over all lanes (nil when unknown), so a gateway can tell a lost push in any
+ *   lane before it sends a later entry (a lane's `prev` alone finds the loss only at that lane's next
+ *   entry, when the missing seq is already below what the device has).
  *
  * Both are read on hot paths (every entry a worker processes, every push a gateway fans out), so
  * they are checked by hand rather than by zod; the checks are as strict as the frame schemas.
@@ -84,12 +87,17 @@ export interface Push {
   shard: number;
   epoch: number;
   entry: Entry;
+  /** The user's previous seq over all lanes; null when the worker could not know it. */
+  prevAll: bigint | null;
 }
 
 /** Encodes a push; the entry inside is the wire entry, so a gateway can forward it as it is. */
 export function encodePush(p: Push): Uint8Array {
   return encodeWith((w) => {
-    w.mapHeader(3).str("shard").uint(p.shard).str("epoch").uint(p.epoch).str("e");
+    w.mapHeader(4).str("shard").uint(p.shard).str("epoch").uint(p.epoch).str("pa");
+    if (p.prevAll === null) w.nil();
+    else w.uint(p.prevAll);
+    w.str("e");
     writeEntry(w, p.entry);
   });
 }
@@ -111,7 +119,8 @@ export function decodePush(bytes: Uint8Array): Push {
     ts: checkTs(x.ts, "push"),
     b: checkBytes(x.b, "push"),
   };
-  return { shard, epoch, entry };
+  const prevAll = m.pa === null || m.pa === undefined ? null : checkU64(m.pa, "push pa");
+  return { shard, epoch, entry, prevAll };
 }
 
 /**

@@ -5,7 +5,9 @@
  *    (redelivery, takeover, a crash between steps) counts as the first copy again, so it is pushed
  *    again: a crash never loses a push. Another offset with the same key is a duplicate: stop.
  * 2. lane watermark, upward only; the previous value is returned and becomes the entry's `prev`.
- *    Seqs are 20-digit decimal strings, compared as strings: Lua numbers are doubles.
+ *    The same for the user over all lanes (`_all`): the push's `pa`, which gateways use to detect a
+ *    lost push before sending anything after it. Seqs are 20-digit decimal strings, compared as
+ *    strings: Lua numbers are doubles.
  * 3. hot cache: XADD with id `<epoch>-<offset>` (Redis keeps ids increasing, so a zombie's older
  *    epoch cannot write behind newer entries: its XADD fails and is ignored), bounded by MAXLEN and a
  *    TTL. `_ca` in the watermark hash records the seq after which the cache is complete.
@@ -50,7 +52,7 @@ if maxlen > 0 then
   redis.call('EXPIRE', KEYS[3], a[7])
 end
 redis.call('EXPIRE', KEYS[2], a[8])
-return {1, prev}
+return {1, prev, prevAll}
 `;
 
 export interface ApplyEntryArgs {
@@ -73,11 +75,14 @@ export interface ApplyEntryArgs {
   watermarkTtlS: number;
 }
 
-/** `first: false` for a duplicate; otherwise the lane's previous seq (20-digit) or null when unknown. */
-export type ApplyEntryResult = { first: false } | { first: true; prev: string | null };
+/**
+ * `first: false` for a duplicate; otherwise the previous seq of the lane and of the user over all
+ * lanes (20-digit), each null when unknown.
+ */
+export type ApplyEntryResult = { first: false } | { first: true; prev: string | null; prevAll: string | null };
 
 type ScriptClient = RedisClient & {
-  jgApplyEntry(dedup: string, wm: string, hc: string, header: string, body: Buffer): Promise<[number, string | null | undefined]>;
+  jgApplyEntry(dedup: string, wm: string, hc: string, header: string, body: Buffer): Promise<[number, string | null | undefined, string | null | undefined]>;
 };
 
 const defined = new WeakSet<object>();
@@ -95,5 +100,5 @@ export function applyEntry(redis: RedisClient, a: ApplyEntryArgs): Promise<Apply
       `${a.token}|${a.dedupTtlS}|${a.lane}|${a.seq20}|${a.streamId}|${a.hotCacheMaxLen}|${a.hotCacheTtlS}|${a.watermarkTtlS}|${a.seqMinus1_20}`,
       Buffer.from(a.body.buffer, a.body.byteOffset, a.body.byteLength),
     )
-    .then(([status, prev]) => (status === 1 ? { first: true, prev: prev ?? null } : { first: false }));
+    .then(([status, prev, prevAll]) => (status === 1 ? { first: true, prev: prev ?? null, prevAll: prevAll ?? null } : { first: false }));
 }

@@ -286,7 +286,9 @@ export class ShardRunner {
         continue;
       }
       const prev = r.prev === null ? null : BigInt(r.prev);
-      this.d.nc.publish(pushSubject(it.user), encodePush({ shard: this.shard, epoch, entry: { seq: it.seq, id: it.id, lane: it.lane, prev, ts: it.ts, b: it.b } }));
+      const prevAll = r.prevAll === null ? null : BigInt(r.prevAll);
+      const entry = { seq: it.seq, id: it.id, lane: it.lane, prev, ts: it.ts, b: it.b };
+      this.d.nc.publish(pushSubject(it.user), encodePush({ shard: this.shard, epoch, entry, prevAll }));
       pushed++;
     }
     if (forwards.length > 0) await this.forward(forwards);

@@ -43,6 +43,7 @@ test("worker - pushes each entry with its composite seq and the lane's prev", as
   assert.equal(a.prev, null, "first entry of the lane: the worker cannot know a prev");
   assert.equal(b.prev, null, "first of lane chat");
   assert.equal(c.prev, a.seq, "prev is the previous seq in the same lane");
+  assert.deepEqual(got.map((p) => p.prevAll), [null, a.seq, b.seq], "pa is the previous seq over all lanes");
   assert.equal(new TextDecoder().decode(c.b), "w3");
   const r = await redisClient(infra.redis.url);
   try {

@@ -14,9 +14,11 @@ test("entry - stored entry round-trips", () => {
 
 test("entry - push round-trips with seqs above 2^53 and an unknown prev", () => {
   const entry = { seq: composeSeq(100, 5), id: "m1", lane: "chat", prev: null, ts: 5, b };
-  assert.deepEqual(decodePush(encodePush({ shard: 7, epoch: 100, entry })), { shard: 7, epoch: 100, entry });
+  assert.deepEqual(decodePush(encodePush({ shard: 7, epoch: 100, entry, prevAll: null })), { shard: 7, epoch: 100, entry, prevAll: null });
   const withPrev = { ...entry, prev: composeSeq(100, 4) };
-  assert.deepEqual(decodePush(encodePush({ shard: 7, epoch: 100, entry: withPrev })).entry, withPrev);
+  const back = decodePush(encodePush({ shard: 7, epoch: 100, entry: withPrev, prevAll: composeSeq(100, 4) }));
+  assert.deepEqual(back.entry, withPrev);
+  assert.equal(back.prevAll, composeSeq(100, 4));
 });
 
 test("entry - a cache record rebuilds the entry", () => {
