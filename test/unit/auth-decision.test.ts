@@ -1,0 +1,141 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import fc from "fast-check";
+import {
+  EMPTY_REGISTRY, applyRecord, bumpEpoch, composeSeq, evenRange, initialShards, userHash, seqOffset,
+  type RegistryState, type ShardState,
+} from "../../protocol/index.js";
+import { decideAuth, type AuthInput, type CursorIn } from "../../gateway/auth-decision.js";
+
+const U = "alice"; // userHash("alice") = 0x2bd806c9: shard 0 of 2
+const state = (...shards: ShardState[]): RegistryState => applyRecord(EMPTY_REGISTRY, 1, { v: 1, op: "init", at: 0, by: "t", shards });
+const [s0, s1] = initialShards(2, ["logA", "logZ"]) as [ShardState, ShardState];
+const c = (epoch: number, log: string, seq: bigint, shard = 0, sigValid = true): CursorIn => ({ shard, epoch, log, seq, sigValid });
+const input = (registry: RegistryState, cursor: CursorIn | undefined, extra: Partial<AuthInput> = {}): AuthInput => ({
+  user: U, cursor, registry, userShard: 0, trims: new Map(), head: 0n, ...extra,
+});
+
+// shard 0: epoch 0 from offset 1, takeover to epoch 1 at offset 11
+const e1 = bumpEpoch(s0, { cause: "takeover", start_offset: 11 });
+// then rebuilt: epoch 2 on logB from offset 1 (old log ended at 30)
+const e2 = bumpEpoch(e1, { cause: "rebuild", log: "logB", start_offset: 1, prev_end_offset: 30 });
+
+test("auth - no cursor: fresh, from 0", () => {
+  const d = decideAuth(input(state(e1, s1), undefined));
+  assert.deepEqual([d.case, d.from, d.epoch, d.log, d.shard], ["fresh", 0n, 1, "logA", 0]);
+});
+
+test("auth - a bad signature, an unknown shard or a seq newer than its token: invalid, fresh start", () => {
+  for (const [cur, why] of [
+    [c(1, "logA", composeSeq(1, 12), 0, false), /signature/],
+    [c(1, "logA", composeSeq(1, 12), 9), /unknown to the registry/],
+    [c(0, "logA", composeSeq(1, 12)), /later epoch/],
+  ] as const) {
+    const d = decideAuth(input(state(e1, s1), cur));
+    assert.equal(d.case, "invalid");
+    assert.equal(d.from, 0n);
+    assert.match(d.reason!, why);
+  }
+});
+
+test("auth - same epoch and log: normal catch-up after the cursor", () => {
+  const d = decideAuth(input(state(e1, s1), c(1, "logA", composeSeq(1, 20))));
+  assert.deepEqual([d.case, d.from], ["normal", composeSeq(1, 20)]);
+});
+
+test("auth - an older epoch of the same log (E1): the offset in today's numbering, nothing skipped or repeated", () => {
+  // the device got offset 15 pushed by the old owner under epoch 0; today offset 15 is epoch 1
+  let d = decideAuth(input(state(e1, s1), c(0, "logA", composeSeq(0, 15))));
+  assert.deepEqual([d.case, d.from, d.replayFrom], ["rebased", composeSeq(1, 15), composeSeq(1, 15)]);
+  // a cursor before the bump point keeps its value: offsets 6..10 (epoch 0) and 11.. (epoch 1) follow
+  d = decideAuth(input(state(e1, s1), c(0, "logA", composeSeq(0, 5))));
+  assert.deepEqual([d.case, d.from], ["rebased", composeSeq(0, 5)]);
+});
+
+test("auth - a rebuilt log (E3): the whole new log is replayed", () => {
+  const d = decideAuth(input(state(e2, s1), c(1, "logA", composeSeq(1, 25))));
+  assert.deepEqual([d.case, d.from, d.replayFrom, d.epoch, d.log], ["rebased_new_log", composeSeq(2, 0), composeSeq(2, 0), 2, "logB"]);
+});
+
+test("auth - an (epoch, log) the registry does not know (a lagged failover copy)", () => {
+  // the same epoch number names another log, and the cursor's seq is below the current log: replay it all
+  const e3 = bumpEpoch(e2, { cause: "failover", log: "logC", start_offset: 1 });
+  let d = decideAuth(input(state(e3, s1), c(2, "logX", composeSeq(2, 40))));
+  assert.deepEqual([d.case, d.from], ["rebased_new_log", composeSeq(3, 0)]);
+  // the cursor's seq overlaps the current log's numbering: nothing but a rebuild is safe
+  d = decideAuth(input(state(e3, s1), c(3, "logX", composeSeq(3, 40)), { head: composeSeq(3, 9) }));
+  assert.equal(d.case, "expired");
+  assert.match(d.reason!, /overlaps/);
+  // a cursor epoch the registry has never reached
+  d = decideAuth(input(state(e1, s1), c(7, "logA", composeSeq(7, 3)), { head: composeSeq(1, 30) }));
+  assert.deepEqual([d.case, d.from], ["expired", composeSeq(1, 30)]);
+  assert.match(d.reason!, /ahead/);
+});
+
+test("auth - below the trim watermark: expired, continues from the head with a new cursor", () => {
+  const trims = new Map([[0, composeSeq(1, 18)]]);
+  const d = decideAuth(input(state(e1, s1), c(1, "logA", composeSeq(1, 12)), { trims, head: composeSeq(1, 40) }));
+  assert.deepEqual([d.case, d.from, d.trim, d.epoch], ["expired", composeSeq(1, 40), composeSeq(1, 18), 1]);
+  // at the watermark exactly, nothing was lost
+  const ok = decideAuth(input(state(e1, s1), c(1, "logA", composeSeq(1, 18)), { trims }));
+  assert.equal(ok.case, "normal");
+});
+
+/** Parent 0 keeps the lower half of its range; child 2 takes the upper half from split_at. */
+function splitState(): RegistryState {
+  const r = evenRange(0, 2);
+  const mid = r.lo + Math.floor((r.hi - r.lo) / 2);
+  const lowHalf = userHash(U) <= mid;
+  const moved = lowHalf ? { lo: r.lo, hi: mid } : { lo: mid + 1, hi: r.hi };
+  const kept = lowHalf ? { lo: mid + 1, hi: r.hi } : { lo: r.lo, hi: mid };
+  const split = { parent: 0, child: 2, range: moved, split_at_seq: composeSeq(1, 50), child_start_seq: composeSeq(2, 1) };
+  const parent = { ...bumpEpoch(e1, { cause: "split", start_offset: 51 }), range: kept, splits: [split] };
+  const child: ShardState = {
+    shard: 2, range: moved, status: "active", epoch: 2, log: "logK",
+    boundaries: [{ epoch: 2, cause: "split", log: "logK", start_offset: 1, start_seq: composeSeq(2, 1), prev_end_seq: composeSeq(1, 50) }],
+    splits: [split],
+  };
+  return state(parent, s1, child);
+}
+
+test("auth - a user moved by a split: old range first, then the child from its start, then a new cursor", () => {
+  const reg = splitState();
+  let d = decideAuth(input(reg, c(1, "logA", composeSeq(1, 30)), { userShard: 2 }));
+  assert.equal(d.case, "split");
+  assert.deepEqual(d.oldRanges, [{ shard: 0, after: composeSeq(1, 30), until: composeSeq(1, 50) }]);
+  assert.deepEqual([d.from, d.replayFrom, d.shard, d.epoch, d.log], [composeSeq(2, 0), composeSeq(2, 0), 2, 2, "logK"]);
+  // already at the cut: nothing of the old shard is left to send
+  d = decideAuth(input(reg, c(1, "logA", composeSeq(1, 50)), { userShard: 2 }));
+  assert.deepEqual(d.oldRanges, []);
+  // the parent's retention passed the cursor: expired
+  d = decideAuth(input(reg, c(1, "logA", composeSeq(1, 30)), { userShard: 2, trims: new Map([[0, composeSeq(1, 35)]]) }));
+  assert.equal(d.case, "expired");
+  // a cursor on a shard that never split toward the user's: invalid
+  d = decideAuth(input(reg, c(0, "logZ", composeSeq(0, 3), 1), { userShard: 2 }));
+  assert.equal(d.case, "invalid");
+});
+
+test("auth - rebasing never goes below the cursor's seq (property over takeover histories)", () => {
+  fc.assert(fc.property(
+    fc.array(fc.integer({ min: 0, max: 40 }), { minLength: 1, maxLength: 12 }),
+    fc.nat(), fc.nat(),
+    (gaps, pickEpoch, pickOffset) => {
+      let s = s0;
+      let offset = 1;
+      for (const g of gaps) {
+        offset += g;
+        s = bumpEpoch(s, { cause: "takeover", start_offset: offset });
+      }
+      const b = s.boundaries[pickEpoch % s.boundaries.length]!;
+      const next = s.boundaries.find((x) => x.epoch > b.epoch);
+      // a seq the device can hold: an offset processed under epoch b (possibly past the next bump: zombie pushes)
+      const o = b.start_offset - 1 + (pickOffset % ((next?.start_offset ?? offset + 5) - b.start_offset + 10));
+      const seq = composeSeq(b.epoch, o);
+      const d = decideAuth(input(state(s, s1), c(b.epoch, "logA", seq)));
+      assert.ok(d.case === "normal" || d.case === "rebased", d.case);
+      assert.ok(d.from >= seq, "never below the cursor");
+      // nothing skipped: the first entry after `from` is the offset right after the cursor's
+      assert.equal(seqOffset(d.from), BigInt(o));
+    },
+  ), { numRuns: 500 });
+});
