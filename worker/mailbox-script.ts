@@ -3,7 +3,10 @@
  *
  * 1. dedup `dispatch_id:user`: the first copy stores its `<log>:<offset>`. The same offset seen again
  *    (redelivery, takeover, a crash between steps) counts as the first copy again, so it is pushed
- *    again: a crash never loses a push. Another offset with the same key is a duplicate: stop.
+ *    again: a crash never loses a push. Another offset with the same key is a duplicate: it is not
+ *    pushed, but it still is a position in the mailbox (a rebuilt stream re-appends many), so it
+ *    goes into the watermarks and the hot cache like any entry; otherwise the cache's promise
+ *    "every entry after `_ca` is here" would break and a reader could skip it.
  * 2. lane watermark, upward only; the previous value is returned and becomes the entry's `prev`.
  *    The same for the user over all lanes (`_all`): the push's `pa`, which gateways use to detect a
  *    lost push before sending anything after it. Seqs are 20-digit decimal strings, compared as
@@ -26,10 +29,9 @@ local a = {}
 for x in string.gmatch(ARGV[1], '[^|]+') do a[#a + 1] = x end
 -- a: 1 token, 2 dedup ttl, 3 lane, 4 seq, 5 stream id, 6 cache maxlen, 7 cache ttl, 8 watermark ttl, 9 seq - 1
 local token = a[1]
+local first = 1
 if not redis.call('SET', KEYS[1], token, 'NX', 'EX', a[2]) then
-  if redis.call('GET', KEYS[1]) ~= token then
-    return {0}
-  end
+  if redis.call('GET', KEYS[1]) ~= token then first = 0 end
 end
 local seq = a[4]
 local prev = redis.call('HGET', KEYS[2], a[3])
@@ -52,7 +54,7 @@ if maxlen > 0 then
   redis.call('EXPIRE', KEYS[3], a[7])
 end
 redis.call('EXPIRE', KEYS[2], a[8])
-return {1, prev, prevAll}
+return {first, prev, prevAll}
 `;
 
 export interface ApplyEntryArgs {
@@ -76,10 +78,14 @@ export interface ApplyEntryArgs {
 }
 
 /**
- * `first: false` for a duplicate; otherwise the previous seq of the lane and of the user over all
- * lanes (20-digit), each null when unknown.
+ * `first`: false for a duplicate (not pushed). `prev`/`prevAll`: the previous seq of the lane and of
+ * the user over all lanes (20-digit), each null when unknown.
  */
-export type ApplyEntryResult = { first: false } | { first: true; prev: string | null; prevAll: string | null };
+export interface ApplyEntryResult {
+  first: boolean;
+  prev: string | null;
+  prevAll: string | null;
+}
 
 type ScriptClient = RedisClient & {
   jgApplyEntry(dedup: string, wm: string, hc: string, header: string, body: Buffer): Promise<[number, string | null | undefined, string | null | undefined]>;
@@ -100,5 +106,5 @@ export function applyEntry(redis: RedisClient, a: ApplyEntryArgs): Promise<Apply
       `${a.token}|${a.dedupTtlS}|${a.lane}|${a.seq20}|${a.streamId}|${a.hotCacheMaxLen}|${a.hotCacheTtlS}|${a.watermarkTtlS}|${a.seqMinus1_20}`,
       Buffer.from(a.body.buffer, a.body.byteOffset, a.body.byteLength),
     )
-    .then(([status, prev, prevAll]) => (status === 1 ? { first: true, prev: prev ?? null, prevAll: prevAll ?? null } : { first: false }));
+    .then(([status, prev, prevAll]) => ({ first: status === 1, prev: prev ?? null, prevAll: prevAll ?? null }));
 }

@@ -73,6 +73,12 @@ test("worker - the same dispatch appended twice outside the JetStream window: on
   await one("dora", "after"); // anything pushed after the duplicate proves the duplicate was passed over
   await waitFor("entry after the duplicate pushed", () => pushesOf("dora").some((p) => p.entry.id === "after"));
   assert.deepEqual(pushesOf("dora").map((p) => p.entry.id), ["dup1", "after"]);
+  // the duplicate copy is still a mailbox position: the next push's pa points at it
+  const [, after] = pushesOf("dora");
+  assert.ok(after!.prevAll! > pushesOf("dora")[0]!.entry.seq, "pa of the next entry is the duplicate copy's seq");
+  const r = await redisClient(infra.redis.url);
+  assert.equal(await r.xlen(new RedisKeys("jg").hotCache("dora")), 3, "both copies and the next entry are in the hot cache");
+  r.disconnect();
 });
 
 test("worker - the watermark script never lowers a watermark under concurrent updates from two clients", async () => {
