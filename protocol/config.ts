@@ -180,13 +180,19 @@ export const envSchema = z.object({
   JETGATE_MAX_BACKPRESSURE: int(64 * 1024, 256 * 1024 * 1024, 1024 * 1024),
   JETGATE_DRAIN_MS: int(0, 600_000, 10_000),
   JETGATE_ALLOW_UWS_FALLBACK: bool(false),
+  JETGATE_GATEWAY_ID: optionalStr.pipe(z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, "must be 1..64 of A-Z a-z 0-9 _ -").optional()),
+  JETGATE_RATE_FRAMES_PER_S: int(1, 100_000, 50),
+  JETGATE_RATE_BURST: int(1, 100_000, 100),
+  JETGATE_RATE_USER_FRAMES_PER_S: int(1, 1_000_000, 200),
+  JETGATE_MAX_CONNS_PER_USER: int(1, 10_000, 16),
 });
 
 export type Env = z.output<typeof envSchema>;
 export const ENV_VARS = Object.keys(envSchema.shape) as (keyof Env)[];
 
-/** Development-only cursor key: refused when JETGATE_ENV=production. */
+/** Development-only secrets: never used when JETGATE_ENV=production (the real ones are required). */
 const DEV_CURSOR_KEY = new Uint8Array(Buffer.from("jetgate-development-cursor-key-do-not-use-in-production"));
+export const DEV_JWT_SECRET = "jetgate-development-jwt-secret-do-not-use-in-production";
 
 export interface Config extends Omit<Env, "JETGATE_CURSOR_KEYS"> {
   JETGATE_CURSOR_KEYS: Uint8Array[];
@@ -222,7 +228,8 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       problems.push("JETGATE_NATS_TOKEN: set either a token or JETGATE_NATS_USER/JETGATE_NATS_PASS, not both");
     }
     if (problems.length === 0) {
-      return { ...c, JETGATE_CURSOR_KEYS: c.JETGATE_CURSOR_KEYS ?? [DEV_CURSOR_KEY] };
+      const devJwt = c.JETGATE_ENV === "development" && c.JETGATE_JWT_SECRET === undefined && c.JETGATE_JWT_PUBLIC_KEYS_FILE === undefined;
+      return { ...c, JETGATE_CURSOR_KEYS: c.JETGATE_CURSOR_KEYS ?? [DEV_CURSOR_KEY], JETGATE_JWT_SECRET: devJwt ? DEV_JWT_SECRET : c.JETGATE_JWT_SECRET };
     }
   }
   throw new ConfigError(problems);

@@ -127,6 +127,22 @@ export async function spawnWorker(
   return w;
 }
 
+/** Starts a gateway process on a free port and waits until it is ready. */
+export async function spawnGateway(env: Record<string, string>, extra: Record<string, string> = {}, nodeArgs: string[] = []): Promise<JetgateProcess> {
+  const port = await freePort();
+  const proc = spawn(process.execPath, [...nodeArgs, "--import", "tsx", "gateway/main.ts"], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? "", JETGATE_GATEWAY_HOST: "127.0.0.1", ...env, JETGATE_GATEWAY_PORT: String(port), ...extra },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const g = new JetgateProcess(proc, port);
+  await waitFor(`gateway on port ${port} to be ready`, async () => {
+    if (proc.exitCode !== null) throw new WaitAbort(`gateway exited with ${proc.exitCode}:\n${g.output.join("\n")}`);
+    return (await g.http("/readyz")).status === 200;
+  }, { timeoutMs: 20_000 });
+  return g;
+}
+
 /** Collects every push on `push.>`, decoded. */
 export class PushCollector {
   private constructor(

@@ -1,0 +1,290 @@
+/**
+ * Reads a user's mailbox for catch-up, gap fills and PULL, cheapest source first (DESIGN section 9):
+ *
+ * 1. lane watermarks in Redis: whether anything is there at all (no read when nothing is);
+ * 2. the user's hot cache in Redis, when its completeness marker `_ca` is at or below the start;
+ * 3. the shard stream: an ephemeral `filter_subject` consumer for long reads, direct get
+ *    (`next_by_subj`) for a few entries.
+ *
+ * Redis is only a cache: every path is correct after a FLUSHALL, just slower (watermarks are then
+ * rebuilt from the stream with `last_by_subj`).
+ */
+import { randomBytes } from "node:crypto";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { AckPolicy, DeliverPolicy, jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
+import {
+  decodeCacheRecord,
+  decodeStoredEntry,
+  deriveSeq,
+  parseEntrySubject,
+  seqEpoch,
+  seqKey,
+  seqOffset,
+  shardStream,
+  userSubjects,
+  entrySubject,
+  isNotFound,
+  type Entry,
+  type MailboxSeq,
+  type RedisClient,
+  type RedisKeys,
+  type RegistryClient,
+  type ShardState,
+} from "../protocol/index.js";
+
+export type Source = "cache" | "stream";
+
+export interface Watermarks {
+  /** Highest seq per lane. */
+  lanes: Map<string, MailboxSeq>;
+  /** Highest seq over all lanes (0 when none). */
+  head: MailboxSeq;
+  /** The hot cache holds every entry above this seq; undefined when it cannot say. */
+  cacheCompleteAfter: MailboxSeq | undefined;
+  /** Where the figures came from. */
+  from: "redis" | "stream";
+}
+
+/** Upward-only write-back of a lane watermark rebuilt from the stream. */
+const RAISE_LUA = `
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if (not cur) or cur < ARGV[2] then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+local all = redis.call('HGET', KEYS[1], '_all')
+if (not all) or all < ARGV[2] then redis.call('HSET', KEYS[1], '_all', ARGV[2]) end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+`;
+type RaiseClient = RedisClient & { jgRaiseWatermark(key: string, lane: string, seq20: string, ttl: number): Promise<number> };
+
+const TRIM_CACHE_MS = 1000;
+
+export class MailboxReader {
+  private jsm: JetStreamManager | undefined;
+  private readonly trims = new Map<number, { at: number; trim: Promise<MailboxSeq> }>();
+  private readonly js;
+
+  constructor(
+    private readonly nc: NatsConnection,
+    private readonly redis: RedisClient,
+    private readonly keys: RedisKeys,
+    private readonly registry: RegistryClient,
+    private readonly lanes: readonly string[],
+    private readonly watermarkTtlS: number,
+  ) {
+    this.js = jetstream(nc);
+    redis.defineCommand("jgRaiseWatermark", { numberOfKeys: 1, lua: RAISE_LUA });
+  }
+
+  private async manager(): Promise<JetStreamManager> {
+    this.jsm ??= await jetstreamManager(this.nc);
+    return this.jsm;
+  }
+
+  private shard(shard: number): ShardState {
+    const s = this.registry.state.shards.get(shard);
+    if (s === undefined) throw new Error(`shard ${shard} is not in the registry`);
+    return s;
+  }
+
+  /**
+   * Trim watermark of a shard: the seq of the newest entry retention removed (0 if none), in
+   * today's numbering. Cached for a second: a reconnect storm must not become a storm of stream
+   * info requests.
+   */
+  trim(shard: number): Promise<MailboxSeq> {
+    const now = Date.now();
+    const hit = this.trims.get(shard);
+    if (hit !== undefined && now - hit.at < TRIM_CACHE_MS) return hit.trim;
+    const trim = (async () => {
+      const info = await (await this.manager()).streams.info(shardStream(shard));
+      const first = info.state.first_seq;
+      if (first <= 1) return 0n;
+      const s = this.shard(shard);
+      return deriveSeq(s, s.log, first - 1) ?? 0n;
+    })();
+    this.trims.set(shard, { at: now, trim });
+    trim.catch(() => this.trims.delete(shard));
+    return trim;
+  }
+
+  /** Lane watermarks; rebuilt from the stream (and written back) when Redis has none. */
+  async watermarks(shard: number, user: string): Promise<Watermarks> {
+    const h = await this.redis.hgetall(this.keys.watermarks(user));
+    const lanes = new Map<string, MailboxSeq>();
+    let head = 0n;
+    let ca: MailboxSeq | undefined;
+    let any = false;
+    for (const [k, v] of Object.entries(h)) {
+      if (!/^\d{1,20}$/.test(v)) continue;
+      if (k === "_all") head = BigInt(v) > head ? BigInt(v) : head;
+      else if (k === "_ca") ca = BigInt(v);
+      else {
+        lanes.set(k, BigInt(v));
+        any = true;
+      }
+    }
+    if (any) {
+      for (const v of lanes.values()) if (v > head) head = v;
+      return { lanes, head, cacheCompleteAfter: ca, from: "redis" };
+    }
+    return this.watermarksFromStream(shard, user);
+  }
+
+  private async watermarksFromStream(shard: number, user: string): Promise<Watermarks> {
+    const jsm = await this.manager();
+    const s = this.shard(shard);
+    const lanes = new Map<string, MailboxSeq>();
+    let head = 0n;
+    await Promise.all(
+      this.lanes.map(async (lane) => {
+        const m = await jsm.direct.getMessage(shardStream(shard), { last_by_subj: entrySubject(shard, user, lane) }).catch((err: unknown) => {
+          if (isNotFound(err)) return null;
+          throw err;
+        });
+        if (m === null) return;
+        const seq = deriveSeq(s, s.log, m.seq);
+        if (seq === undefined) return;
+        lanes.set(lane, seq);
+        if (seq > head) head = seq;
+      }),
+    );
+    const r = this.redis as RaiseClient;
+    await Promise.all([...lanes].map(([lane, seq]) => r.jgRaiseWatermark(this.keys.watermarks(user), lane, seqKey(seq), this.watermarkTtlS))).catch(() => undefined);
+    return { lanes, head, cacheCompleteAfter: undefined, from: "stream" };
+  }
+
+  /**
+   * Entries of `user` in `shard` with seq > `after`, oldest first, in pages. From the hot cache when
+   * `wm` says it covers the range, else from the stream. `until` bounds the range (inclusive).
+   */
+  async *read(
+    shard: number,
+    user: string,
+    after: MailboxSeq,
+    opts: { until?: MailboxSeq; wm?: Watermarks; limit?: number; pageSize?: number } = {},
+  ): AsyncGenerator<{ entries: Entry[]; source: Source }> {
+    const limit = opts.limit ?? Number.MAX_SAFE_INTEGER;
+    const ca = opts.wm?.cacheCompleteAfter;
+    if (ca !== undefined && ca <= after && opts.wm?.from === "redis") {
+      const got = await this.readCache(user, after, opts.until, limit);
+      if (got !== undefined) {
+        for (let i = 0; i < got.length; i += opts.pageSize ?? 256) yield { entries: got.slice(i, i + (opts.pageSize ?? 256)), source: "cache" };
+        return;
+      }
+    }
+    yield* this.readStream(shard, user, after, opts.until, limit, opts.pageSize ?? 256);
+  }
+
+  /** The cached entries after `after`, or undefined when the cache turned out not to cover it. */
+  private async readCache(user: string, after: MailboxSeq, until: MailboxSeq | undefined, limit: number): Promise<Entry[] | undefined> {
+    const start = `(${seqEpoch(after)}-${seqOffset(after)}`;
+    const end = until === undefined ? "+" : `${seqEpoch(until)}-${seqOffset(until)}`;
+    const rows = await this.redis.xrangeBuffer(this.keys.hotCache(user), start, end, "COUNT", Math.min(limit, 100_000));
+    // The cache may have been trimmed or flushed between reading `_ca` and here: check it again.
+    const ca = await this.redis.hget(this.keys.watermarks(user), "_ca");
+    if (ca === null || BigInt(ca) > after) return undefined;
+    const out: Entry[] = [];
+    for (const [, f] of rows) {
+      const field = (name: string): Buffer | undefined => {
+        for (let i = 0; i + 1 < f.length; i += 2) if (f[i]!.toString() === name) return f[i + 1];
+        return undefined;
+      };
+      const s = field("s");
+      const e = field("e");
+      const l = field("l");
+      if (s === undefined || e === undefined || l === undefined) return undefined;
+      out.push(decodeCacheRecord(s.toString(), field("p")?.toString() ?? "", l.toString(), e));
+    }
+    return out;
+  }
+
+  /** Reads the shard stream for the user's subjects, offsets after `after`'s, deriving seqs. */
+  private async *readStream(
+    shard: number,
+    user: string,
+    after: MailboxSeq,
+    until: MailboxSeq | undefined,
+    limit: number,
+    pageSize: number,
+  ): AsyncGenerator<{ entries: Entry[]; source: Source }> {
+    const s = this.shard(shard);
+    const jsm = await this.manager();
+    const stream = shardStream(shard);
+    const info = await jsm.streams.info(stream);
+    const last = info.state.last_seq;
+    const startOffset = Math.max(Number(seqOffset(after)) + 1, info.state.first_seq);
+    const untilOffset = until === undefined ? last : Math.min(last, Number(seqOffset(until)));
+    if (startOffset > untilOffset || limit <= 0) return;
+    const name = `rd_${randomBytes(6).toString("hex")}`;
+    await jsm.consumers.add(stream, {
+      name,
+      filter_subject: userSubjects(shard, user),
+      deliver_policy: DeliverPolicy.StartSequence,
+      opt_start_seq: startOffset,
+      ack_policy: AckPolicy.None,
+      mem_storage: true,
+      inactive_threshold: 30_000_000_000,
+    });
+    let sent = 0;
+    // prev of a stream-read entry: the previous one of its lane in this read, or the read's start
+    // for the first of a lane (the receiver has everything up to there; 0 means nothing before).
+    const lastInLane = new Map<string, MailboxSeq>();
+    try {
+      const consumer = await this.js.consumers.get(stream, name);
+      let page: Entry[] = [];
+      while (sent < limit) {
+        const batch = await consumer.fetch({ max_messages: Math.min(pageSize, limit - sent), expires: 2000 });
+        let got = 0;
+        let done = false;
+        for await (const m of batch) {
+          got++;
+          if (m.seq > untilOffset) {
+            done = true;
+            break;
+          }
+          const subj = parseEntrySubject(m.subject);
+          const seq = deriveSeq(s, s.log, m.seq);
+          if (subj === undefined || seq === undefined || seq <= after) continue;
+          const body = decodeStoredEntry(m.data);
+          page.push({ seq, id: body.id, lane: subj.lane, prev: lastInLane.get(subj.lane) ?? after, ts: body.ts, b: body.b });
+          lastInLane.set(subj.lane, seq);
+          sent++;
+          if (m.info.pending === 0 || m.seq >= untilOffset) done = true;
+        }
+        if (page.length > 0) yield { entries: page, source: "stream" };
+        page = [];
+        if (done || got === 0) break;
+      }
+    } finally {
+      await jsm.consumers.delete(stream, name).catch(() => undefined);
+    }
+  }
+
+  /** A few entries with seq in (after, before), by direct get: for gap fills of a live session. */
+  async fill(shard: number, user: string, after: MailboxSeq, before: MailboxSeq, max = 32): Promise<Entry[] | "too_many"> {
+    const s = this.shard(shard);
+    const jsm = await this.manager();
+    const stream = shardStream(shard);
+    const out: Entry[] = [];
+    const lastInLane = new Map<string, MailboxSeq>();
+    let offset = Number(seqOffset(after)) + 1;
+    const end = Number(seqOffset(before));
+    while (offset < end) {
+      const m = await jsm.direct.getMessage(stream, { seq: offset, next_by_subj: userSubjects(shard, user) }).catch((err: unknown) => {
+        if (isNotFound(err)) return null;
+        throw err;
+      });
+      if (m === null || m.seq >= end) break;
+      const subj = parseEntrySubject(m.subject);
+      const seq = deriveSeq(s, s.log, m.seq);
+      if (subj !== undefined && seq !== undefined && seq > after && seq < before) {
+        const body = decodeStoredEntry(m.data);
+        out.push({ seq, id: body.id, lane: subj.lane, prev: lastInLane.get(subj.lane) ?? after, ts: body.ts, b: body.b });
+        lastInLane.set(subj.lane, seq);
+        if (out.length >= max) return "too_many";
+      }
+      offset = m.seq + 1;
+    }
+    return out;
+  }
+}

@@ -1,0 +1,109 @@
+/**
+ * Gateway process. Settings from the environment (docs/config.md).
+ * SIGTERM/SIGINT: readiness goes false, GOAWAY to every device, connections closed (1001) in waves
+ * over JETGATE_DRAIN_MS, then exit 0.
+ */
+import { randomBytes } from "node:crypto";
+import { pino } from "pino";
+import { jetstream } from "@nats-io/jetstream";
+import {
+  CloseCode,
+  ConfigError,
+  Dispatcher,
+  RedisKeys,
+  RegistryClient,
+  connectNats,
+  connectRedis,
+  cursorSigner,
+  loadConfig,
+} from "../protocol/index.js";
+import { AckStore } from "./acks.js";
+import type { GatewayContext } from "./context.js";
+import { tokenVerifier } from "./jwt.js";
+import { MailboxReader } from "./mailbox-reader.js";
+import { GatewayMetrics } from "./metrics.js";
+import { Presence } from "./presence.js";
+import { startServer } from "./server.js";
+import { SessionRegistry } from "./sessions.js";
+import { loadUws } from "./uws.js";
+
+const DRAIN_WAVES = 10;
+
+export async function runGateway(env: Record<string, string | undefined> = process.env): Promise<void> {
+  const config = loadConfig(env);
+  const gatewayId = config.JETGATE_GATEWAY_ID ?? `gw-${randomBytes(6).toString("hex")}`;
+  const log = pino({ level: config.JETGATE_LOG_LEVEL, base: { component: "gateway", gateway: gatewayId } });
+  const { uws, native } = loadUws(config.JETGATE_ALLOW_UWS_FALLBACK);
+  if (!native) log.warn("running on the pure-JS uWebSockets.js fallback (JETGATE_ALLOW_UWS_FALLBACK=true): expect a fraction of the native capacity");
+  const nc = await connectNats(config, `jetgate-gateway-${gatewayId}`);
+  const redis = connectRedis(config, `jetgate-gateway-${gatewayId}`);
+  redis.on("error", (err: Error) => log.warn({ err: err.message }, "redis error"));
+  const registry = await RegistryClient.open(nc, { onBadRecord: (seq, err) => log.error({ seq, err }, "skipping a bad registry record") });
+  const keys = new RedisKeys(config.JETGATE_REDIS_PREFIX);
+  const metrics = new GatewayMetrics();
+  const sessions = new SessionRegistry(nc, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log);
+  const presence = new Presence(redis, keys, nc, gatewayId, (k) => sessions.kick(k.user, k.device, k.session));
+  presence.start();
+  const ctx: GatewayContext = {
+    config,
+    log,
+    metrics,
+    tokens: await tokenVerifier({ secret: config.JETGATE_JWT_SECRET, publicKeysFile: config.JETGATE_JWT_PUBLIC_KEYS_FILE }),
+    cursors: cursorSigner(config.JETGATE_CURSOR_KEYS),
+    registry,
+    reader: new MailboxReader(nc, redis, keys, registry, config.JETGATE_LANES, Math.max(config.JETGATE_STREAM_MAX_AGE_S, config.JETGATE_HOT_CACHE_TTL_S)),
+    sessions,
+    presence,
+    acks: new AckStore(redis, keys, config.JETGATE_STREAM_MAX_AGE_S),
+    js: jetstream(nc),
+  };
+  const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: config.JETGATE_LANES, maxBodyBytes: config.JETGATE_MAX_BODY_BYTES });
+  let draining = false;
+  const server = await startServer(uws, config, ctx, dispatcher, {
+    problems: () => {
+      const p: string[] = [];
+      if (draining) p.push("draining");
+      if (nc.isClosed() || nc.isDraining()) p.push("nats");
+      if (redis.status !== "ready") p.push("redis");
+      if (registry.state.shards.size === 0) p.push("registry");
+      return p;
+    },
+  });
+  log.info({ port: server.port, native }, "gateway listening");
+
+  const shutdown = (signal: string) => {
+    if (draining) return;
+    draining = true;
+    server.refuseUpgrades();
+    const all = [...sessions.all];
+    log.info({ signal, connections: all.length, drainMs: config.JETGATE_DRAIN_MS }, "draining");
+    const retry = Math.max(1000, Math.floor(config.JETGATE_DRAIN_MS / 2));
+    for (const s of all) s.goAway(retry + Math.floor(Math.random() * retry));
+    const perWave = Math.ceil(all.length / DRAIN_WAVES);
+    const every = config.JETGATE_DRAIN_MS / DRAIN_WAVES;
+    void (async () => {
+      for (let w = 0; w < DRAIN_WAVES; w++) {
+        for (const s of all.slice(w * perWave, (w + 1) * perWave)) s.close(CloseCode.GOING_AWAY, "server draining");
+        await new Promise((r) => setTimeout(r, every));
+      }
+      server.stopListening();
+      dispatcher.close();
+      presence.stop();
+      sessions.close();
+      await registry.close().catch(() => undefined);
+      await nc.drain().catch(() => undefined);
+      redis.disconnect();
+      log.info("drained");
+      process.exit(0);
+    })();
+  };
+  process.on("SIGTERM", () => shutdown("SIGTERM"));
+  process.on("SIGINT", () => shutdown("SIGINT"));
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  runGateway().catch((err: unknown) => {
+    console.error(err instanceof ConfigError ? err.message : err);
+    process.exit(1);
+  });
+}

@@ -1,0 +1,45 @@
+/** Prometheus metrics of a gateway. */
+import { Counter, Gauge, Registry, collectDefaultMetrics } from "prom-client";
+
+export class GatewayMetrics {
+  readonly registry = new Registry();
+  readonly connections: Gauge;
+  readonly framesIn: Counter<"type">;
+  readonly framesOut: Counter<"type">;
+  readonly bytesIn: Counter;
+  readonly bytesOut: Counter;
+  readonly authOutcomes: Counter<"case">;
+  readonly midSessionRebases: Counter<"case">;
+  readonly catchupEntries: Counter<"source">;
+  readonly gapFills: Counter;
+  readonly stalePushes: Counter;
+  readonly duplicatesDropped: Counter;
+  readonly slowConsumers: Counter;
+  readonly rateLimited: Counter;
+  readonly closes: Counter<"code">;
+  readonly regressions: Counter<"component">;
+  readonly dispatchRequests: Counter<"status">;
+
+  constructor() {
+    const registers = [this.registry];
+    collectDefaultMetrics({ register: this.registry, prefix: "jetgate_gateway_" });
+    const c = <L extends string>(name: string, help: string, labelNames: L[] = []) => new Counter<L>({ name, help, labelNames, registers });
+    this.connections = new Gauge({ name: "jetgate_gateway_connections", help: "Open device connections.", registers });
+    this.framesIn = c("jetgate_gateway_frames_in_total", "Frames received from devices, by type (invalid for undecodable).", ["type"]);
+    this.framesOut = c("jetgate_gateway_frames_out_total", "Frames sent to devices, by type.", ["type"]);
+    this.bytesIn = c("jetgate_gateway_bytes_in_total", "Bytes received from devices.");
+    this.bytesOut = c("jetgate_gateway_bytes_out_total", "Bytes sent to devices.");
+    this.authOutcomes = c("jetgate_gateway_auth_outcomes_total", "AUTH answers by case (fresh, normal, rebased, rebased_new_log, split, expired, invalid, unauthorized, timeout, too_many_connections).", ["case"]);
+    this.midSessionRebases = c("jetgate_gateway_mid_session_rebases_total", "CURSOR_REBASED sent to live sessions after a registry change.", ["case"]);
+    this.catchupEntries = c("jetgate_gateway_catchup_entries_total", "Entries read for catch-up, by source (cache, stream).", ["source"]);
+    this.gapFills = c("jetgate_gateway_gap_fills_total", "Live pushes whose predecessor was missing or unknown, filled from the stream first.");
+    this.stalePushes = c("jetgate_gateway_stale_pushes_total", "Pushes dropped because their epoch is older than the registry's.");
+    this.duplicatesDropped = c("jetgate_gateway_duplicates_dropped_total", "Pushes of entries a session had already sent (catch-up and live overlap).");
+    this.slowConsumers = c("jetgate_gateway_slow_consumers_total", "Connections closed with 4408 over the send buffer limit.");
+    this.rateLimited = c("jetgate_gateway_rate_limited_total", "Frames refused by rate limits.");
+    this.closes = c("jetgate_gateway_closes_total", "Connections closed by the gateway, by close code.", ["code"]);
+    this.regressions = c("jetgate_mailbox_seq_regression_total", "A seq to send at or below the last sent on its connection: dropped (must stay 0).", ["component"]);
+    this.dispatchRequests = c("jetgate_gateway_dispatch_requests_total", "POST /v1/dispatch requests by HTTP status.", ["status"]);
+    this.regressions.inc({ component: "gateway" }, 0);
+  }
+}

@@ -1,0 +1,80 @@
+/**
+ * One live session per (user, device): the newest AUTH wins. Presence is a Redis key per device
+ * holding `<gateway>/<session>`; claiming it returns the previous holder, which is kicked with 4409
+ * (directly when it is on this gateway, over NATS `jetgate.kick.<gateway>` when elsewhere).
+ * Presence is soft state: after a Redis flush a replaced session on another gateway is not kicked
+ * until it reconnects; sessions of one device on one gateway are always replaced.
+ */
+import type { NatsConnection, Subscription } from "@nats-io/transport-node";
+import type { RedisClient, RedisKeys } from "../protocol/index.js";
+
+const CLAIM_LUA = `
+local prev = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return prev
+`;
+const RELEASE_LUA = `
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`;
+
+type PresenceClient = RedisClient & {
+  jgPresenceClaim(key: string, value: string, ttl: number): Promise<string | null>;
+  jgPresenceRelease(key: string, value: string): Promise<number>;
+};
+
+export interface Kick {
+  user: string;
+  device: string;
+  session: string;
+}
+
+export class Presence {
+  private readonly redis: PresenceClient;
+  private sub: Subscription | undefined;
+
+  constructor(
+    redis: RedisClient,
+    private readonly keys: RedisKeys,
+    private readonly nc: NatsConnection,
+    readonly gatewayId: string,
+    private readonly onKick: (k: Kick) => void,
+    private readonly ttlS = 86_400,
+  ) {
+    redis.defineCommand("jgPresenceClaim", { numberOfKeys: 1, lua: CLAIM_LUA });
+    redis.defineCommand("jgPresenceRelease", { numberOfKeys: 1, lua: RELEASE_LUA });
+    this.redis = redis as PresenceClient;
+  }
+
+  start(): void {
+    this.sub = this.nc.subscribe(`jetgate.kick.${this.gatewayId}`, {
+      callback: (_err, m) => {
+        try {
+          const k = m.json<Kick>();
+          if (typeof k.user === "string" && typeof k.device === "string" && typeof k.session === "string") this.onKick(k);
+        } catch {
+          // not a kick: ignore
+        }
+      },
+    });
+  }
+
+  /** Records this session as the device's live one and kicks the previous holder. */
+  async claim(user: string, device: string, session: string): Promise<void> {
+    const prev = await this.redis.jgPresenceClaim(this.keys.presence(user, device), `${this.gatewayId}/${session}`, this.ttlS).catch(() => null);
+    if (prev === null || prev === `${this.gatewayId}/${session}`) return;
+    const [gw, old] = prev.split("/") as [string, string | undefined];
+    if (old === undefined || !/^[A-Za-z0-9_-]{1,64}$/.test(gw)) return;
+    const kick: Kick = { user, device, session: old };
+    if (gw === this.gatewayId) this.onKick(kick);
+    else this.nc.publish(`jetgate.kick.${gw}`, JSON.stringify(kick));
+  }
+
+  async release(user: string, device: string, session: string): Promise<void> {
+    await this.redis.jgPresenceRelease(this.keys.presence(user, device), `${this.gatewayId}/${session}`);
+  }
+
+  stop(): void {
+    this.sub?.unsubscribe();
+  }
+}

@@ -1,0 +1,133 @@
+/**
+ * The sessions of one gateway, and live fan-out: one core NATS subscription to `push.<user>` per
+ * user with sessions here, shared by them. A push is decoded once; one whose epoch is older than
+ * the registry's for its shard is dropped (a zombie worker's). Registry changes reach the sessions
+ * of the shards they touch.
+ */
+import type { NatsConnection, Subscription } from "@nats-io/transport-node";
+import { CloseCode, decodePush, pushSubject, type RegistryClient, type RegistryState } from "../protocol/index.js";
+import type { GatewayMetrics } from "./metrics.js";
+import type { Session } from "./session.js";
+
+interface UserEntry {
+  sessions: Set<Session>;
+  sub: Subscription;
+  bucket: number;
+  bucketAt: number;
+}
+
+export class SessionRegistry {
+  private readonly users = new Map<string, UserEntry>();
+  private readonly byDevice = new Map<string, Session>();
+  private readonly byShard = new Map<number, Set<Session>>();
+  private readonly shardEpochs = new Map<number, string>();
+  readonly all = new Set<Session>();
+
+  constructor(
+    private readonly nc: NatsConnection,
+    private readonly registry: RegistryClient,
+    private readonly metrics: GatewayMetrics,
+    private readonly userRate: number,
+    private readonly log: { warn(o: object, msg: string): void },
+  ) {
+    registry.onChange((s) => this.onRegistry(s));
+    for (const [id, s] of registry.state.shards) this.shardEpochs.set(id, `${s.epoch}/${s.log}/${s.range.lo}-${s.range.hi}`);
+  }
+
+  /** Connected (opened, maybe not yet authenticated). */
+  open(s: Session): void {
+    this.all.add(s);
+    this.metrics.connections.set(this.all.size);
+  }
+
+  countForUser(user: string): number {
+    return this.users.get(user)?.sessions.size ?? 0;
+  }
+
+  /** An authenticated session: replaces an older one of the same device here, joins the fan-out. */
+  add(s: Session): void {
+    const key = `${s.user}/${s.device}`;
+    const older = this.byDevice.get(key);
+    if (older !== undefined && older !== s) older.close(CloseCode.REPLACED);
+    this.byDevice.set(key, s);
+    let u = this.users.get(s.user);
+    if (u === undefined) {
+      const sub = this.nc.subscribe(pushSubject(s.user), { callback: (err, m) => (err ? undefined : this.onPush(s.user, m.data)) });
+      u = { sessions: new Set(), sub, bucket: this.userRate, bucketAt: Date.now() };
+      this.users.set(s.user, u);
+    }
+    u.sessions.add(s);
+  }
+
+  /** Tracks the session under its (possibly new) shard for registry changes. */
+  watch(s: Session): void {
+    for (const set of this.byShard.values()) set.delete(s);
+    let set = this.byShard.get(s.shard);
+    if (set === undefined) this.byShard.set(s.shard, (set = new Set()));
+    set.add(s);
+  }
+
+  remove(s: Session): void {
+    this.all.delete(s);
+    this.metrics.connections.set(this.all.size);
+    const key = `${s.user}/${s.device}`;
+    if (this.byDevice.get(key) === s) this.byDevice.delete(key);
+    this.byShard.get(s.shard)?.delete(s);
+    const u = this.users.get(s.user);
+    if (u === undefined) return;
+    u.sessions.delete(s);
+    if (u.sessions.size === 0) {
+      u.sub.unsubscribe();
+      this.users.delete(s.user);
+    }
+  }
+
+  /** A kick from another gateway (or this one): close that exact session with 4409. */
+  kick(user: string, device: string, session: string): void {
+    const s = this.byDevice.get(`${user}/${device}`);
+    if (s !== undefined && s.id === session) s.close(CloseCode.REPLACED);
+  }
+
+  /** Per-user token bucket over all of the user's sessions here. */
+  takeUserToken(user: string, now: number): boolean {
+    const u = this.users.get(user);
+    if (u === undefined) return true;
+    u.bucket = Math.min(this.userRate, u.bucket + ((now - u.bucketAt) / 1000) * this.userRate);
+    u.bucketAt = now;
+    if (u.bucket < 1) return false;
+    u.bucket -= 1;
+    return true;
+  }
+
+  private onPush(user: string, data: Uint8Array): void {
+    const u = this.users.get(user);
+    if (u === undefined) return;
+    let push;
+    try {
+      push = decodePush(data);
+    } catch (err) {
+      this.log.warn({ user, err: (err as Error).message }, "unreadable push dropped");
+      return;
+    }
+    const shard = this.registry.state.shards.get(push.shard);
+    if (shard !== undefined && push.epoch < shard.epoch) {
+      this.metrics.stalePushes.inc();
+      return;
+    }
+    for (const s of u.sessions) s.onPush(push);
+  }
+
+  private onRegistry(state: RegistryState): void {
+    for (const [id, s] of state.shards) {
+      const sig = `${s.epoch}/${s.log}/${s.range.lo}-${s.range.hi}`;
+      if (this.shardEpochs.get(id) === sig) continue;
+      this.shardEpochs.set(id, sig);
+      for (const session of this.byShard.get(id) ?? []) session.onShardChange();
+    }
+  }
+
+  close(): void {
+    for (const u of this.users.values()) u.sub.unsubscribe();
+    this.users.clear();
+  }
+}

@@ -1,0 +1,64 @@
+/** A scripted device for tests: a real WebSocket (`ws`) speaking protocol v1 through protocol/'s codec. */
+import WebSocket from "ws";
+import { SignJWT } from "jose";
+import { DEV_JWT_SECRET, decodeServerFrame, encodeFrame, type ClientFrame, type Entry, type ServerFrame } from "../../protocol/index.js";
+import { waitFor } from "./wait.js";
+
+export async function deviceToken(user: string, opts: { secret?: string; expiresInS?: number; device?: string; alg?: string } = {}): Promise<string> {
+  const jwt = new SignJWT({ ...(opts.device ? { dev: opts.device } : {}) })
+    .setProtectedHeader({ alg: opts.alg ?? "HS256" })
+    .setSubject(user)
+    .setIssuedAt()
+    .setExpirationTime(Math.floor(Date.now() / 1000) + (opts.expiresInS ?? 3600));
+  return jwt.sign(new TextEncoder().encode(opts.secret ?? DEV_JWT_SECRET));
+}
+
+export class TestDevice {
+  readonly frames: ServerFrame[] = [];
+  readonly undecodable: unknown[] = [];
+  closed: { code: number; reason: string } | undefined;
+  private constructor(readonly ws: WebSocket) {
+    ws.on("message", (data: Buffer, isBinary: boolean) => {
+      try {
+        this.frames.push(decodeServerFrame(isBinary ? new Uint8Array(data) : data.toString()));
+      } catch (err) {
+        this.undecodable.push(err);
+      }
+    });
+    ws.on("close", (code, reason) => (this.closed = { code, reason: reason.toString() }));
+  }
+
+  static async connect(port: number): Promise<TestDevice> {
+    const ws = new WebSocket(`ws://127.0.0.1:${port}/v1/ws`);
+    await new Promise<void>((resolve, reject) => {
+      ws.once("open", () => resolve());
+      ws.once("error", reject);
+    });
+    return new TestDevice(ws);
+  }
+
+  send(frame: ClientFrame): void {
+    this.ws.send(encodeFrame(frame));
+  }
+
+  sendRaw(data: Uint8Array | string): void {
+    this.ws.send(data, { binary: typeof data !== "string" });
+  }
+
+  async next<T extends ServerFrame["t"]>(t: T, timeoutMs = 10_000): Promise<Extract<ServerFrame, { t: T }>> {
+    return waitFor(`a ${t} frame`, () => this.frames.find((f) => f.t === t) as Extract<ServerFrame, { t: T }> | undefined, { timeoutMs, intervalMs: 10 });
+  }
+
+  /** Entries of live and catch-up MSGS frames (not PULL replies), in arrival order. */
+  entries(): Entry[] {
+    return this.frames.flatMap((f) => (f.t === "MSGS" && f.id === undefined ? f.e : []));
+  }
+
+  async waitClosed(timeoutMs = 10_000): Promise<{ code: number; reason: string }> {
+    return waitFor("the connection to close", () => this.closed, { timeoutMs, intervalMs: 10 });
+  }
+
+  close(): void {
+    this.ws.close();
+  }
+}
