@@ -91,7 +91,8 @@ function expired(shard: ShardState, trim: MailboxSeq, head: MailboxSeq, reason: 
 }
 
 export function decideAuth(input: AuthInput): AuthDecision {
-  const { cursor, registry, userShard } = input;
+  const { registry, userShard } = input;
+  let cursor = input.cursor;
   const shard = registry.shards.get(userShard);
   if (shard === undefined) throw new Error(`user shard ${userShard} is not in the registry`);
   const trimOf = (s: number) => input.trims.get(s) ?? 0n;
@@ -102,7 +103,15 @@ export function decideAuth(input: AuthInput): AuthDecision {
   if (!cursor.sigValid) return fresh("invalid", "cursor signature does not verify");
   const cursorShard = registry.shards.get(cursor.shard);
   if (cursorShard === undefined) return fresh("invalid", `cursor names shard ${cursor.shard}, unknown to the registry`);
-  if (seqEpoch(cursor.seq) > cursor.epoch) return fresh("invalid", "cursor seq is from a later epoch than its token");
+  // A device may hold entries of a newer epoch than its token (pushed before the mid-session
+  // CURSOR_REBASED with the new token reached it). The seq is the device's own report, the token is
+  // signed: accept the seq's epoch when the registry knows it on the token's log.
+  const seqEp = seqEpoch(cursor.seq);
+  if (seqEp > cursor.epoch) {
+    const b = cursorShard.boundaries.find((x) => x.epoch === seqEp);
+    if (b === undefined || b.log !== cursor.log) return fresh("invalid", "cursor seq is from an epoch its log never had");
+    cursor = { ...cursor, epoch: seqEp };
+  }
 
   // 3) the user moved to another shard by one or more splits
   if (cursor.shard !== userShard) return decideSplit(input, cursorShard, shard, cursor);

@@ -216,7 +216,7 @@ export class MailboxReader {
     const untilOffset = until === undefined ? last : Math.min(last, Number(seqOffset(until)));
     if (startOffset > untilOffset || limit <= 0) return;
     const name = `rd_${randomBytes(6).toString("hex")}`;
-    await jsm.consumers.add(stream, {
+    const created = await jsm.consumers.add(stream, {
       name,
       filter_subject: userSubjects(shard, user),
       deliver_policy: DeliverPolicy.StartSequence,
@@ -225,35 +225,42 @@ export class MailboxReader {
       mem_storage: true,
       inactive_threshold: 30_000_000_000,
     });
+    // The consumer knows how many of the user's entries lie ahead: read exactly those, so a read
+    // never waits for a fetch to expire (and a user with nothing there costs one request).
+    let remaining = created.num_pending;
     let sent = 0;
     // prev of a stream-read entry: the previous one of its lane in this read, or the read's start
     // for the first of a lane (the receiver has everything up to there; 0 means nothing before).
     const lastInLane = new Map<string, MailboxSeq>();
     try {
       const consumer = await this.js.consumers.get(stream, name);
-      let page: Entry[] = [];
-      while (sent < limit) {
-        const batch = await consumer.fetch({ max_messages: Math.min(pageSize, limit - sent), expires: 2000 });
+      let done = remaining === 0;
+      while (!done && sent < limit) {
+        const page: Entry[] = [];
+        const batch = await consumer.fetch({ max_messages: Math.min(pageSize, remaining, limit - sent), expires: 5000 });
         let got = 0;
-        let done = false;
         for await (const m of batch) {
           got++;
+          remaining--;
           if (m.seq > untilOffset) {
             done = true;
             break;
           }
           const subj = parseEntrySubject(m.subject);
           const seq = deriveSeq(s, s.log, m.seq);
-          if (subj === undefined || seq === undefined || seq <= after) continue;
-          const body = decodeStoredEntry(m.data);
-          page.push({ seq, id: body.id, lane: subj.lane, prev: lastInLane.get(subj.lane) ?? after, ts: body.ts, b: body.b });
-          lastInLane.set(subj.lane, seq);
-          sent++;
-          if (m.info.pending === 0 || m.seq >= untilOffset) done = true;
+          if (subj !== undefined && seq !== undefined && seq > after) {
+            const body = decodeStoredEntry(m.data);
+            page.push({ seq, id: body.id, lane: subj.lane, prev: lastInLane.get(subj.lane) ?? after, ts: body.ts, b: body.b });
+            lastInLane.set(subj.lane, seq);
+            sent++;
+          }
+          if (remaining <= 0 || m.info.pending === 0 || m.seq >= untilOffset || sent >= limit) {
+            done = true;
+            break;
+          }
         }
         if (page.length > 0) yield { entries: page, source: "stream" };
-        page = [];
-        if (done || got === 0) break;
+        if (got === 0) done = true;
       }
     } finally {
       await jsm.consumers.delete(stream, name).catch(() => undefined);

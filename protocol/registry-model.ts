@@ -246,3 +246,53 @@ export function ownsUser(shard: ShardState, user: string): boolean {
 export function shardStreamName(shard: ShardState): string {
   return shardStream(shard.shard);
 }
+
+export interface SplitPlan {
+  /** Id of the new child shard (unused so far). */
+  child: number;
+  childLog: string;
+  /** The part of the parent's range that moves to the child: its lower or upper half by default. */
+  moved: HashRange;
+  /** Last offset of the parent's log that stays the parent's for moved users (the cut). */
+  cutOffset: number;
+}
+
+/**
+ * A split (E2) as the new states of parent and child. The parent keeps the rest of its range and
+ * bumps its epoch (from cut + 1); the child starts at parent epoch + 1 on its own log, so a moved
+ * user's seqs keep increasing; both record the ShardSplitBoundary. Pure.
+ */
+export function splitShard(parent: ShardState, plan: SplitPlan): [ShardState, ShardState] {
+  const r = parent.range;
+  const m = plan.moved;
+  if (m.lo > m.hi || m.lo < r.lo || m.hi > r.hi || (m.lo !== r.lo && m.hi !== r.hi) || (m.lo === r.lo && m.hi === r.hi)) {
+    throw new RegistryError(`shard ${parent.shard}: moved range ${m.lo}..${m.hi} must be a proper lower or upper part of ${r.lo}..${r.hi}`);
+  }
+  const kept: HashRange = m.lo === r.lo ? { lo: m.hi + 1, hi: r.hi } : { lo: r.lo, hi: m.lo - 1 };
+  const bumped = bumpEpoch(parent, { cause: "split", start_offset: plan.cutOffset + 1 });
+  const childEpoch = bumped.epoch;
+  const splitAt = plan.cutOffset > 0 ? (deriveSeq(parent, parent.log, plan.cutOffset) ?? composeSeq(parent.epoch, plan.cutOffset)) : 0n;
+  const boundary: SplitBoundary = {
+    parent: parent.shard,
+    child: plan.child,
+    range: m,
+    split_at_seq: splitAt,
+    child_start_seq: composeSeq(childEpoch, 1),
+  };
+  const child: ShardState = {
+    shard: plan.child,
+    range: m,
+    status: "active",
+    epoch: childEpoch,
+    log: plan.childLog,
+    boundaries: [{ epoch: childEpoch, cause: "split", log: plan.childLog, start_offset: 1, start_seq: composeSeq(childEpoch, 1), prev_end_seq: splitAt }],
+    splits: [boundary],
+  };
+  return [{ ...bumped, range: kept, splits: [...parent.splits, boundary] }, child];
+}
+
+/** The lower or upper half of a shard's range. */
+export function halfRange(r: HashRange, upper: boolean): HashRange {
+  const mid = r.lo + Math.floor((r.hi - r.lo) / 2);
+  return upper ? { lo: mid + 1, hi: r.hi } : { lo: r.lo, hi: mid };
+}

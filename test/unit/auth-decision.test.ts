@@ -29,7 +29,8 @@ test("auth - a bad signature, an unknown shard or a seq newer than its token: in
   for (const [cur, why] of [
     [c(1, "logA", composeSeq(1, 12), 0, false), /signature/],
     [c(1, "logA", composeSeq(1, 12), 9), /unknown to the registry/],
-    [c(0, "logA", composeSeq(1, 12)), /later epoch/],
+    [c(0, "logA", composeSeq(5, 12)), /never had/],
+    [c(0, "logQ", composeSeq(1, 12)), /never had/],
   ] as const) {
     const d = decideAuth(input(state(e1, s1), cur));
     assert.equal(d.case, "invalid");
@@ -41,6 +42,9 @@ test("auth - a bad signature, an unknown shard or a seq newer than its token: in
 test("auth - same epoch and log: normal catch-up after the cursor", () => {
   const d = decideAuth(input(state(e1, s1), c(1, "logA", composeSeq(1, 20))));
   assert.deepEqual([d.case, d.from], ["normal", composeSeq(1, 20)]);
+  // a seq of a newer epoch than the token (pushed before the new token arrived) is taken as is
+  const newer = decideAuth(input(state(e1, s1), c(0, "logA", composeSeq(1, 20))));
+  assert.deepEqual([newer.case, newer.from], ["normal", composeSeq(1, 20)]);
 });
 
 test("auth - an older epoch of the same log (E1): the offset in today's numbering, nothing skipped or repeated", () => {

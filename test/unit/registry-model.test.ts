@@ -110,3 +110,22 @@ test("registry - a record may not lower an epoch", () => {
   const st = applyRecord(EMPTY_REGISTRY, 1, { v: 1, op: "takeover", at: 0, by: "t", shards: [bumped] });
   assert.throws(() => applyRecord(st, 2, { v: 1, op: "init", at: 0, by: "t", shards: [s0] }), /lowers shard 0 epoch/);
 });
+
+test("registry - a split keeps seqs increasing for moved users and records the boundary on both shards", async () => {
+  const { splitShard, halfRange } = await import("../../protocol/index.js");
+  const parent = bumpEpoch(s0, { cause: "takeover", start_offset: 11 });
+  const [p, c] = splitShard(parent, { child: 9, childLog: "logK", moved: halfRange(parent.range, true), cutOffset: 50 });
+  assert.equal(p.epoch, 2);
+  assert.equal(c.epoch, 2);
+  assert.deepEqual(p.range, halfRange(parent.range, false));
+  assert.equal(p.boundaries.at(-1)!.start_offset, 51);
+  const split = c.splits[0]!;
+  assert.deepEqual(p.splits, [split]);
+  assert.equal(split.split_at_seq, composeSeq(1, 50));
+  assert.ok(split.child_start_seq > split.split_at_seq, "the child's first seq is above every parent seq the user had");
+  assert.equal(deriveSeq(c, "logK", 1), split.child_start_seq);
+  assert.throws(() => splitShard(parent, { child: 9, childLog: "x", moved: { lo: 5, hi: 10 }, cutOffset: 1 }), RegistryError, "a middle part");
+  assert.throws(() => splitShard(parent, { child: 9, childLog: "x", moved: parent.range, cutOffset: 1 }), RegistryError, "the whole range");
+  // the states are valid registry records
+  decodeRecord(encodeRecord({ v: 1, op: "split", at: 0, by: "t", shards: [p, c] }));
+});
