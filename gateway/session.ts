@@ -491,7 +491,9 @@ export class Session {
     const entries: Entry[] = [];
     let more = false;
     const lane = frame.lane;
-    for await (const page of this.ctx.reader.read(this.shard, this.user, frame.after, { limit: frame.limit + 1 })) {
+    // Read until limit + 1 entries pass the lane filters (the extra one only says `more`).
+    const unfiltered = lane === undefined && this.lanes === undefined;
+    for await (const page of this.ctx.reader.read(this.shard, this.user, frame.after, unfiltered ? { limit: frame.limit + 1 } : {})) {
       for (const e of page.entries) {
         if (lane !== undefined && e.lane !== lane) continue;
         if (this.lanes !== undefined && !this.lanes.has(e.lane)) continue;

@@ -27,11 +27,10 @@ export interface LoadedUws {
 
 export function loadUws(allowFallback: boolean): LoadedUws {
   const require = createRequire(import.meta.url);
-  const before = new Set(Object.keys(require.cache));
   const uws = require("uWebSockets.js") as typeof Uws;
-  const pkgDir = require.resolve("uWebSockets.js").replace(/[/\\][^/\\]*[/\\]?[^/\\]*$/, "");
-  // The native module shows up in require.cache as a .node file of the package; the fallback does not.
-  const native = Object.keys(require.cache).some((k) => k.endsWith(".node") && (k.startsWith(pkgDir) || !before.has(k)));
+  // The native module shows up in require.cache as uws_<platform>_<arch>_<abi>.node (upstream and
+  // this build name it alike). Other .node files prove nothing: the fallback loads ws's addons.
+  const native = Object.keys(require.cache).some((k) => /[/\\]uws_[^/\\]+\.node$/.test(k));
   if (!native && !allowFallback) throw new UwsFallbackError();
   return { uws, native };
 }

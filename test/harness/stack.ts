@@ -9,6 +9,8 @@ import { Redis } from "ioredis";
 import { decodePush, loadConfig, type Dispatcher, type Push } from "../../protocol/index.js";
 import { initRegistry } from "../../worker/index.js";
 import { NatsServer, RedisServer, freePort } from "./servers.js";
+
+export { freePort as freePortForTest };
 import { WaitAbort, waitFor } from "./wait.js";
 
 const ROOT = fileURLToPath(new URL("../../", import.meta.url));

@@ -7,13 +7,13 @@ import { startInfra, initStack } from "../harness/stack.js";
 import { sleep } from "../harness/wait.js";
 
 const infra = await startInfra();
-after(() => infra.dispose());
 await initStack(infra.env);
 const nc = await connect({ servers: infra.nats.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
 const registry = await RegistryClient.open(nc);
 after(async () => {
   await registry.close();
   await nc.close();
+  await infra.dispose();
 });
 
 async function streamCount(): Promise<number> {

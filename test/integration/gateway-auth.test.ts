@@ -11,7 +11,6 @@ import { TestDevice, deviceToken } from "../harness/device.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
 const infra = await startInfra({ JETGATE_LEASE_MS: "1000", JETGATE_AUTH_TIMEOUT_MS: "600" });
-after(() => infra.dispose());
 await initStack(infra.env);
 const config = loadConfig(infra.env);
 const nc = await connect({ servers: infra.nats.url });
@@ -27,6 +26,7 @@ after(async () => {
   dispatcher.close();
   await registry.close();
   await nc.close();
+  await infra.dispose();
 });
 await waitFor("the worker owns both shards", async () => (await worker.metric("jetgate_worker_lease_held")) === 2);
 

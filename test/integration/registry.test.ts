@@ -11,10 +11,12 @@ import { cli } from "../../worker/cli.js";
 import { NatsServer } from "../harness/servers.js";
 
 const nats = await NatsServer.start();
-after(() => nats.dispose());
 const config = loadConfig({ JETGATE_NATS_URL: nats.url, JETGATE_SHARDS: "2" });
 const nc = await connect({ servers: nats.url });
-after(() => nc.close());
+after(async () => {
+  await nc.close();
+  await nats.dispose();
+});
 
 test("registry - init creates registry, shard streams and INGRESS; a second run changes nothing", async () => {
   const first = await initRegistry(nc, { ...config, shards: 2, by: "test" });

@@ -10,7 +10,6 @@ import { sleep, waitFor } from "../harness/wait.js";
 
 // A 1 s JetStream duplicate window, so a test can append the same dispatch twice outside it.
 const infra = await startInfra({ JETGATE_LEASE_MS: "1000", JETGATE_DUPLICATE_WINDOW_S: "1" });
-after(() => infra.dispose());
 await initStack(infra.env);
 const nc = await connect({ servers: infra.nats.url });
 const registry = await RegistryClient.open(nc);
@@ -23,6 +22,7 @@ after(async () => {
   await pushes.close();
   await registry.close();
   await nc.close();
+  await infra.dispose();
 });
 await waitFor("worker owns both shards", async () => (await worker.metric("jetgate_worker_lease_held")) === 2);
 

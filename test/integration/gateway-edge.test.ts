@@ -1,0 +1,156 @@
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { connect } from "@nats-io/transport-node";
+import {
+  Dispatcher, RegistryClient, composeSeq, encodePush, pack, pushSubject, type Entry,
+} from "../../protocol/index.js";
+import { startInfra, initStack, spawnGateway, freePortForTest } from "../harness/stack.js";
+import { TestDevice, deviceToken } from "../harness/device.js";
+import { sleep, waitFor } from "../harness/wait.js";
+
+// No worker here: this test publishes the pushes itself, so it can withhold one.
+const infra = await startInfra({
+  JETGATE_MAX_PAYLOAD: "1024", JETGATE_RATE_FRAMES_PER_S: "50", JETGATE_RATE_BURST: "100", JETGATE_MAX_CONNS_PER_USER: "3", JETGATE_DRAIN_MS: "1500",
+});
+await initStack(infra.env);
+const nc = await connect({ servers: infra.nats.url });
+const registry = await RegistryClient.open(nc);
+const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
+const gateway = await spawnGateway(infra.env);
+after(async () => {
+  await gateway.kill();
+  dispatcher.close();
+  await registry.close();
+  await nc.close();
+  await infra.dispose();
+});
+
+async function authed(user: string, device = "d1"): Promise<TestDevice> {
+  const dev = await TestDevice.connect(gateway.httpPort);
+  dev.send({ t: "AUTH", v: 1, token: await deviceToken(user), device });
+  await dev.next("SYNCED");
+  return dev;
+}
+
+/** Appends an entry and returns it as the worker would push it (epoch 0: no worker ever took over). */
+async function append(user: string, id: string): Promise<{ entry: Entry; shard: number }> {
+  const [r] = await dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: [user], body: new TextEncoder().encode(id) });
+  assert.ok(r && "seq" in r);
+  return { shard: r.shard, entry: { seq: composeSeq(0, r.seq), id, lane: "default", prev: null, ts: Date.now(), b: new TextEncoder().encode(id) } };
+}
+
+function push(user: string, a: { entry: Entry; shard: number }, prevAll: bigint | null): void {
+  nc.publish(pushSubject(user), encodePush({ shard: a.shard, epoch: 0, entry: a.entry, prevAll }));
+}
+
+test("gateway edge - a lost push is detected by pa and filled from the stream before the next entry", async () => {
+  const dev = await authed("gappy");
+  const e1 = await append("gappy", "g1");
+  const e2 = await append("gappy", "g2");
+  const e3 = await append("gappy", "g3");
+  push("gappy", e1, 0n);
+  // e2's push is withheld
+  push("gappy", e3, e2.entry.seq);
+  await waitFor("three entries", () => dev.entries().length === 3);
+  assert.deepEqual(dev.entries().map((e) => e.id), ["g1", "g2", "g3"]);
+  assert.equal(await gateway.metric("jetgate_gateway_gap_fills_total"), 1);
+  // a push of an older epoch than the registry's is dropped; a repeat is dropped silently
+  push("gappy", e3, e2.entry.seq);
+  await sleep(200);
+  assert.equal(dev.entries().length, 3);
+  assert.equal(await gateway.metric("jetgate_gateway_duplicates_dropped_total"), 1);
+  assert.equal(await gateway.metric("jetgate_mailbox_seq_regression_total"), 0);
+  dev.close();
+});
+
+test("gateway edge - every bad frame gets its error and close code, and other sessions keep working", async () => {
+  const bystander = await authed("bystander");
+  const cases: { name: string; auth: boolean; data: Uint8Array | string; code: number; error?: string }[] = [
+    { name: "not msgpack", auth: false, data: new Uint8Array([0xc1]), code: 4400, error: "BAD_FRAME" },
+    { name: "text frame", auth: false, data: "hello", code: 4400, error: "BAD_FRAME" },
+    { name: "unknown t", auth: false, data: pack({ t: "HELLO" }), code: 4400, error: "BAD_FRAME" },
+    { name: "oversize", auth: false, data: pack({ t: "AUTH", v: 1, token: "x".repeat(1500), device: "d" }), code: 4413, error: "TOO_LARGE" },
+    { name: "unsafe device id", auth: false, data: pack({ t: "AUTH", v: 1, token: "t", device: "a.b" }), code: 4400, error: "BAD_FRAME" },
+    { name: "frame before AUTH", auth: false, data: pack({ t: "PING" }), code: 4401, error: "UNAUTHORIZED" },
+    { name: "negative seq", auth: true, data: pack({ t: "ACK", seq: -1 }), code: 4400, error: "BAD_FRAME" },
+    { name: "second AUTH", auth: true, data: pack({ t: "AUTH", v: 1, token: "t", device: "d" }), code: 4400, error: "BAD_FRAME" },
+  ];
+  for (const c of cases) {
+    const dev = c.auth ? await authed(`bad${c.name.length}`) : await TestDevice.connect(gateway.httpPort);
+    dev.sendRaw(c.data);
+    const closed = await dev.waitClosed();
+    assert.equal(closed.code, c.code, c.name);
+    const err = dev.frames.find((f) => f.t === "ERROR");
+    assert.ok(err && err.t === "ERROR" && err.code === c.error && err.fatal, `${c.name}: ${JSON.stringify(err)}`);
+  }
+  const e = await append("bystander", "b1");
+  push("bystander", e, 0n);
+  await waitFor("the bystander still gets entries", () => bystander.entries().length === 1);
+  assert.equal(bystander.closed, undefined);
+  bystander.close();
+});
+
+test("gateway edge - a frame flood gets RATE_LIMITED, then close 4429; connections per user are capped", async () => {
+  const dev = await authed("flood");
+  for (let i = 0; i < 260; i++) dev.send({ t: "PING", id: i });
+  assert.equal((await dev.waitClosed()).code, 4429);
+  const err = dev.frames.find((f) => f.t === "ERROR");
+  assert.ok(err && err.t === "ERROR" && err.code === "RATE_LIMITED" && !err.fatal, "the first refusal is a non-fatal RATE_LIMITED");
+  // the burst (100 tokens, one spent on AUTH) plus what refilled while the flood arrived
+  const pongs = dev.frames.filter((f) => f.t === "PONG").length;
+  assert.ok(pongs >= 95 && pongs < 200, `${pongs} PONGs`);
+  const devices = [await authed("crowd", "a"), await authed("crowd", "b"), await authed("crowd", "c")];
+  const fourth = await TestDevice.connect(gateway.httpPort);
+  fourth.send({ t: "AUTH", v: 1, token: await deviceToken("crowd"), device: "d" });
+  assert.equal((await fourth.waitClosed()).code, 4429);
+  for (const d of devices) d.close();
+});
+
+test("gateway edge - a token bound to another device is refused; a token's expiry ends the session", async () => {
+  const dev = await TestDevice.connect(gateway.httpPort);
+  dev.send({ t: "AUTH", v: 1, token: await deviceToken("bound", { device: "phone" }), device: "tablet" });
+  assert.equal((await dev.waitClosed()).code, 4401);
+  const short = await TestDevice.connect(gateway.httpPort);
+  short.send({ t: "AUTH", v: 1, token: await deviceToken("bound", { expiresInS: 2 }), device: "phone" });
+  await short.next("SYNCED");
+  const closed = await short.waitClosed(10_000);
+  assert.equal(closed.code, 4401);
+  assert.match(closed.reason, /expired/);
+});
+
+test("gateway edge - the gateway refuses the pure-JS uWS fallback unless told otherwise", async () => {
+  const run = (extra: Record<string, string>) =>
+    new Promise<{ code: number | null; out: string }>((resolve) => {
+      const p = spawn(process.execPath, ["--import", "tsx", "gateway/main.ts"], {
+        cwd: new URL("../../", import.meta.url),
+        env: { PATH: process.env.PATH ?? "", ...infra.env, UWS_USE_FALLBACK: "1", JETGATE_GATEWAY_PORT: "0", ...extra },
+      });
+      let out = "";
+      p.stdout.on("data", (d: Buffer) => (out += d.toString()));
+      p.stderr.on("data", (d: Buffer) => (out += d.toString()));
+      const timer = setTimeout(() => p.kill("SIGTERM"), 8000);
+      p.on("exit", (code) => {
+        clearTimeout(timer);
+        resolve({ code, out });
+      });
+    });
+  const refused = await run({});
+  assert.equal(refused.code, 1);
+  assert.match(refused.out, /JETGATE_ALLOW_UWS_FALLBACK/);
+  const allowed = await run({ JETGATE_ALLOW_UWS_FALLBACK: "true", JETGATE_GATEWAY_PORT: String(await freePortForTest()) });
+  assert.match(allowed.out, /pure-JS uWebSockets.js fallback/);
+});
+
+test("gateway edge - SIGTERM: readiness false, GOAWAY to every device, closes 1001 in waves, exit 0", async () => {
+  const devices = await Promise.all(["x", "y", "z"].map((d) => authed("drainer", d)));
+  const exited = gateway.exited;
+  gateway.proc.kill("SIGTERM");
+  await waitFor("readiness false", async () => (await gateway.http("/readyz")).status === 503, { timeoutMs: 3000 });
+  for (const d of devices) {
+    const g = await d.next("GOAWAY");
+    assert.ok(g.retry_ms >= 750, `retry_ms ${g.retry_ms}`);
+    assert.equal((await d.waitClosed()).code, 1001);
+  }
+  assert.equal(await exited, 0);
+});

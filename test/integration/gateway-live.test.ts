@@ -1,0 +1,182 @@
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import { connect } from "@nats-io/transport-node";
+import { jetstreamManager } from "@nats-io/jetstream";
+import { Dispatcher, RegistryClient, type Entry } from "../../protocol/index.js";
+import { startInfra, initStack, spawnWorker, spawnGateway, redisClient } from "../harness/stack.js";
+import { TestDevice, deviceToken } from "../harness/device.js";
+import { sleep, waitFor } from "../harness/wait.js";
+
+const infra = await startInfra({ JETGATE_LEASE_MS: "1000", JETGATE_SERVICE_TOKEN: "svc-secret", JETGATE_LANES: "default,chat" });
+await initStack(infra.env);
+const nc = await connect({ servers: infra.nats.url });
+const registry = await RegistryClient.open(nc);
+const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: ["default", "chat"], maxInFlight: 20_000 });
+const worker = await spawnWorker(infra.env, { JETGATE_WORKER_BATCH: "1000" });
+const gateway = await spawnGateway(infra.env);
+after(async () => {
+  await gateway.kill();
+  await worker.kill();
+  dispatcher.close();
+  await registry.close();
+  await nc.close();
+  await infra.dispose();
+});
+await waitFor("the worker owns both shards", async () => (await worker.metric("jetgate_worker_lease_held")) === 2);
+
+async function live(port: number, user: string, device = "d1", lanes?: string[]): Promise<TestDevice> {
+  const dev = await TestDevice.connect(port);
+  dev.send({ t: "AUTH", v: 1, token: await deviceToken(user), device, ...(lanes ? { lanes } : {}) });
+  await dev.next("SYNCED", 60_000);
+  return dev;
+}
+
+function assertStrictlyIncreasing(entries: Entry[]): void {
+  for (let i = 1; i < entries.length; i++) assert.ok(entries[i]!.seq > entries[i - 1]!.seq, `entry ${i}: ${entries[i - 1]!.seq} -> ${entries[i]!.seq}`);
+}
+
+test("gateway live - catch-up of 20,000 entries while dispatches continue: every entry once, seqs strictly increasing", async () => {
+  const user = "heavy";
+  const backlog: string[] = [];
+  const inFlight: Promise<unknown>[] = [];
+  for (let i = 0; i < 20_000; i++) {
+    const id = `h${i}`;
+    backlog.push(id);
+    inFlight.push(dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: i % 3 === 0 ? "chat" : "default", recipients: [user], body: new Uint8Array(64) }));
+  }
+  await Promise.all(inFlight);
+  await waitFor("the worker processed the backlog", async () => (await worker.metric("jetgate_worker_entries_pushed_total")) >= 20_000, { timeoutMs: 60_000 });
+  const dev = await TestDevice.connect(gateway.httpPort);
+  dev.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "d1" });
+  // dispatches keep coming while the device catches up
+  const during: string[] = [];
+  const running = (async () => {
+    for (let i = 0; i < 300; i++) {
+      const id = `hl${i}`;
+      during.push(id);
+      await dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: [user], body: new Uint8Array(8) });
+      if (i % 20 === 0) await sleep(5);
+    }
+  })();
+  await dev.next("SYNCED", 60_000);
+  await running;
+  const all = [...backlog, ...during];
+  await waitFor("every entry delivered", () => dev.entries().length >= all.length, { timeoutMs: 30_000 });
+  await sleep(200);
+  const got = dev.entries();
+  assert.equal(got.length, all.length, "each entry exactly once");
+  assert.deepEqual(new Set(got.map((e) => e.id)), new Set(all));
+  assertStrictlyIncreasing(got);
+  assert.equal(await gateway.metric("jetgate_mailbox_seq_regression_total", { component: "gateway" }), 0);
+  const synced = await dev.next("SYNCED");
+  assert.ok(synced.seq >= got[19_999]!.seq || synced.seq >= got.find((e) => e.id === "h19999")!.seq);
+  dev.close();
+});
+
+test("gateway live - lanes filter what a device receives; PULL pages by lane; PING; ACK is stored", async () => {
+  const user = "laner";
+  const ids = ["l0", "l1", "l2", "l3", "l4", "l5"];
+  for (const [i, id] of ids.entries()) {
+    await dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: i % 2 === 0 ? "chat" : "default", recipients: [user], body: new Uint8Array(1) });
+  }
+  const dev = await live(gateway.httpPort, user, "d1", ["chat"]);
+  await waitFor("chat entries", () => dev.entries().length === 3);
+  assert.deepEqual(dev.entries().map((e) => e.id), ["l0", "l2", "l4"]);
+  dev.send({ t: "PING", id: 77 });
+  assert.equal((await dev.next("PONG")).id, 77);
+  dev.send({ t: "PULL", id: 5, after: 0n, limit: 2, lane: "chat" });
+  const page = await waitFor("PULL reply", () => dev.frames.find((f) => f.t === "MSGS" && f.id === 5));
+  assert.ok(page.t === "MSGS");
+  assert.deepEqual(page.e.map((e) => e.id), ["l0", "l2"]);
+  assert.equal(page.more, true);
+  const last = dev.entries().at(-1)!.seq;
+  dev.send({ t: "ACK", seq: last });
+  const r = await redisClient(infra.redis.url);
+  const stored = await waitFor("ACK stored", async () => (await r.get(`jg:{u:${user}}:ack:d1`)) ?? undefined, { timeoutMs: 5000 });
+  assert.equal(BigInt(stored), last);
+  dev.send({ t: "ACK", seq: 1n }); // a lower ACK never lowers it
+  await sleep(1300);
+  assert.equal(BigInt((await r.get(`jg:{u:${user}}:ack:d1`))!), last);
+  r.disconnect();
+  dev.close();
+});
+
+test("gateway live - SEND goes to INGRESS once per cmid; SEND_OK after the JetStream ack", async () => {
+  const dev = await live(gateway.httpPort, "sender");
+  dev.send({ t: "SEND", id: 1, cmid: "c-1", b: new TextEncoder().encode("hello") });
+  dev.send({ t: "SEND", id: 2, cmid: "c-1", b: new TextEncoder().encode("hello") });
+  const oks = await waitFor("two SEND_OK", () => {
+    const f = dev.frames.filter((x) => x.t === "SEND_OK");
+    return f.length === 2 ? f : undefined;
+  });
+  assert.deepEqual(oks.map((f) => f.t === "SEND_OK" && [f.id, f.cmid, f.dup]), [[1, "c-1", false], [2, "c-1", true]]);
+  const jsm = await jetstreamManager(nc);
+  const m = await jsm.streams.getMessage("INGRESS", { last_by_subj: "in.sender.d1" });
+  assert.equal(new TextDecoder().decode(m!.data), "hello");
+  assert.equal(m!.header.get("Nats-Msg-Id"), "sender:d1:c-1");
+  dev.close();
+});
+
+test("gateway live - one session per device across two gateways: the older is closed with 4409", async () => {
+  const g2 = await spawnGateway(infra.env);
+  try {
+    const first = await live(gateway.httpPort, "twin", "phone");
+    const second = await live(g2.httpPort, "twin", "phone");
+    assert.equal((await first.waitClosed()).code, 4409);
+    assert.equal(second.closed, undefined);
+    // another device of the same user is untouched
+    const tablet = await live(gateway.httpPort, "twin", "tablet");
+    await sleep(200);
+    assert.equal(second.closed, undefined);
+    await dispatcher.dispatch({ dispatch_id: "tw1", message_id: "tw1", lane: "default", recipients: ["twin"], body: new Uint8Array(1) });
+    await waitFor("both live sessions get it", () => second.entries().length === 1 && tablet.entries().length === 1);
+    second.close();
+    tablet.close();
+  } finally {
+    await g2.kill();
+  }
+});
+
+test("gateway live - a device that stops reading is closed with 4408 and resumes by cursor", async () => {
+  const user = "sloth";
+  const dev = await live(gateway.httpPort, user);
+  const sock = (dev.ws as unknown as { _socket: { pause(): void; resume(): void } })._socket;
+  sock.pause();
+  const big = new Uint8Array(60_000);
+  for (let i = 0; i < 400; i++) {
+    await dispatcher.dispatch({ dispatch_id: `s${i}`, message_id: `s${i}`, lane: "default", recipients: [user], body: big });
+  }
+  await waitFor("the gateway gave up on it", async () => (await gateway.metric("jetgate_gateway_slow_consumers_total")) >= 1, { timeoutMs: 30_000 });
+  sock.resume();
+  assert.equal((await dev.waitClosed(30_000)).code, 4408);
+});
+
+test("gateway live - POST /v1/dispatch: delivered end to end; 401 without the token; 400 names the bad field", async () => {
+  const dev = await live(gateway.httpPort, "httpuser");
+  const post = (body: unknown, token = "svc-secret") =>
+    fetch(`http://127.0.0.1:${gateway.httpPort}/v1/dispatch`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+      body: typeof body === "string" ? body : JSON.stringify(body),
+    });
+  const ok = await post({ dispatch_id: "http1", message_id: "http1", lane: "default", recipients: ["httpuser"], body: "hi there" });
+  assert.equal(ok.status, 200);
+  const res = (await ok.json()) as { results: { user: string; seq: number }[] };
+  assert.equal(res.results[0]!.user, "httpuser");
+  await waitFor("delivered", () => dev.entries().some((e) => e.id === "http1"));
+  assert.equal(new TextDecoder().decode(dev.entries().find((e) => e.id === "http1")!.b), "hi there");
+  assert.equal((await post({ dispatch_id: "x", message_id: "x", lane: "default", recipients: ["a"], body: "x" }, "wrong")).status, 401);
+  const cases: [unknown, RegExp][] = [
+    ["{not json", /not JSON/],
+    [{ dispatch_id: "x", message_id: "x", lane: "default", recipients: ["a"] }, /exactly one of body and body_b64/],
+    [{ dispatch_id: "x.y", message_id: "x", lane: "default", recipients: ["a"], body: "x" }, /dispatch_id: dispatch id may contain only/],
+    [{ dispatch_id: "x", message_id: "x", lane: "nope", recipients: ["a"], body: "x" }, /unknown lane "nope"/],
+    [{ dispatch_id: "x", message_id: "x", lane: "default", recipients: [], body: "x" }, /at least one recipient/],
+  ];
+  for (const [body, re] of cases) {
+    const r = await post(body);
+    assert.equal(r.status, 400, JSON.stringify(body));
+    assert.match(((await r.json()) as { error: string }).error, re);
+  }
+  dev.close();
+});
