@@ -85,7 +85,6 @@ export class Session {
   private ackFlushed: MailboxSeq = 0n;
   private bucket: number;
   private bucketAt = Date.now();
-  private strikes = 0;
 
   constructor(
     readonly id: string,
@@ -523,26 +522,34 @@ export class Session {
     }
   }
 
-  /** Per-connection and per-user token buckets; false when the frame is refused. */
+  /**
+   * Per-connection token bucket that may go into debt: a frame without a token is refused (the
+   * first refusal of a stretch is told with a non-fatal RATE_LIMITED), and a connection whose debt
+   * passes the burst is closed with 4429. A client that backs off pays the debt back and recovers;
+   * one that keeps flooding is closed however its frames are spaced. The user's bucket (all of the
+   * user's connections on this gateway) refuses without debt.
+   */
   private takeToken(): boolean {
     const c = this.ctx.config;
     const now = Date.now();
     this.bucket = Math.min(c.JETGATE_RATE_BURST, this.bucket + ((now - this.bucketAt) / 1000) * c.JETGATE_RATE_FRAMES_PER_S);
     this.bucketAt = now;
-    const userOk = this.user === "" || this.ctx.sessions.takeUserToken(this.user, now);
-    if (this.bucket >= 1 && userOk) {
-      this.bucket -= 1;
-      this.strikes = 0;
+    this.bucket -= 1;
+    if (this.bucket >= 0 && (this.user === "" || this.ctx.sessions.takeUserToken(this.user, now))) {
+      this.limited = false;
       return true;
     }
     this.ctx.metrics.rateLimited.inc();
-    if (++this.strikes > c.JETGATE_RATE_BURST) {
+    if (this.bucket < -c.JETGATE_RATE_BURST) {
       this.fail(ErrorCode.RATE_LIMITED, "rate limit exceeded", CloseCode.RATE_LIMITED);
-    } else if (this.strikes === 1) {
+    } else if (!this.limited) {
+      this.limited = true;
       this.send({ t: "ERROR", code: ErrorCode.RATE_LIMITED, msg: "slow down", fatal: false });
     }
     return false;
   }
+
+  private limited = false;
 
   /** GOAWAY before a drain close. */
   goAway(retryMs: number): void {

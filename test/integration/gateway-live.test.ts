@@ -180,3 +180,17 @@ test("gateway live - POST /v1/dispatch: delivered end to end; 401 without the to
   }
   dev.close();
 });
+
+test("gateway live - health, readiness and metrics on the WebSocket port", async () => {
+  assert.deepEqual(await gateway.http("/healthz"), { status: 200, text: "ok\n" });
+  const ready = await gateway.http("/readyz");
+  assert.equal(ready.status, 200);
+  assert.deepEqual(JSON.parse(ready.text), { ready: true, problems: [] });
+  const { text } = await gateway.http("/metrics");
+  for (const name of [
+    'jetgate_mailbox_seq_regression_total{component="gateway"} 0', "jetgate_gateway_connections", "jetgate_gateway_frames_in_total",
+    "jetgate_gateway_frames_out_total", "jetgate_gateway_bytes_out_total", 'jetgate_gateway_auth_outcomes_total{case="fresh"}',
+    'jetgate_gateway_catchup_entries_total{source="stream"}', "jetgate_gateway_slow_consumers_total", "jetgate_gateway_dispatch_requests_total",
+  ]) assert.ok(text.includes(name), name);
+  assert.equal((await gateway.http("/nope")).status, 404);
+});
