@@ -182,6 +182,8 @@ test("gateway live - POST /v1/dispatch: delivered end to end; 401 without the to
 });
 
 test("gateway live - health, readiness and metrics on the WebSocket port", async () => {
+  await dispatcher.dispatch({ dispatch_id: "met1", message_id: "met1", lane: "default", recipients: ["metered"], body: new Uint8Array(1) });
+  (await live(gateway.httpPort, "metered")).close();
   assert.deepEqual(await gateway.http("/healthz"), { status: 200, text: "ok\n" });
   const ready = await gateway.http("/readyz");
   assert.equal(ready.status, 200);
