@@ -15,6 +15,7 @@ import {
   JetStreamApiError,
   type ConsumerMessages,
   type JetStreamClient,
+  type JetStreamManager,
 } from "@nats-io/jetstream";
 import { REGISTRY_STREAM, REGISTRY_SUBJECT } from "./subjects.js";
 import {
@@ -82,9 +83,12 @@ export class RegistryClient {
     await this.waitFor(last, this.opts.loadTimeoutMs ?? 10_000);
   }
 
+  private jsm: JetStreamManager | undefined;
+
   /** The stream seq of the newest registry record on the server. */
   private async head(): Promise<number> {
-    const jsm = await jetstreamManager(this.nc);
+    // One manager for the client's life: creating one costs an account-info round trip.
+    const jsm = (this.jsm ??= await jetstreamManager(this.nc));
     try {
       return (await jsm.streams.info(REGISTRY_STREAM)).state.last_seq;
     } catch (err) {
