@@ -196,3 +196,42 @@ test("gateway live - health, readiness and metrics on the WebSocket port", async
   ]) assert.ok(text.includes(name), name);
   assert.equal((await gateway.http("/nope")).status, 404);
 });
+
+test("gateway live - catch-up is right from the hot cache and, after a Redis FLUSHALL, from the stream", async () => {
+  const user = "cachey";
+  const send = async (from: number, to: number) => {
+    for (let i = from; i < to; i++) await dispatcher.dispatch({ dispatch_id: `c${i}`, message_id: `c${i}`, lane: "default", recipients: [user], body: new Uint8Array(4) });
+  };
+  await send(0, 5);
+  const first = await live(gateway.httpPort, user);
+  await waitFor("five", () => first.entries().length === 5);
+  const ok = first.frames.find((f) => f.t === "AUTH_OK")!;
+  assert.ok(ok.t === "AUTH_OK");
+  const cursor = { ...ok.cursor, seq: first.entries().at(-1)!.seq };
+  first.close();
+  await send(5, 10);
+  await waitFor("the worker pushed them", async () => (await gateway.metric("jetgate_gateway_frames_out_total")) > 0);
+  await sleep(300);
+  const fromCache = async () => gateway.metric("jetgate_gateway_catchup_entries_total", { source: "cache" });
+  const cacheBefore = await fromCache();
+  const again = await TestDevice.connect(gateway.httpPort);
+  again.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "d1", cursor });
+  await again.next("SYNCED");
+  assert.deepEqual(again.entries().map((e) => e.id), ["c5", "c6", "c7", "c8", "c9"]);
+  assert.equal((await fromCache()) - cacheBefore, 5, "served by the hot cache");
+  again.close();
+  const r = await redisClient(infra.redis.url);
+  await r.flushall();
+  const fromStream = async () => gateway.metric("jetgate_gateway_catchup_entries_total", { source: "stream" });
+  const streamBefore = await fromStream();
+  const flushed = await TestDevice.connect(gateway.httpPort);
+  flushed.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "d1", cursor });
+  await flushed.next("SYNCED");
+  assert.deepEqual(flushed.entries().map((e) => e.id), ["c5", "c6", "c7", "c8", "c9"], "the same entries with no cache at all");
+  assert.equal((await fromStream()) - streamBefore, 5);
+  const head = (await flushed.next("AUTH_OK")).head;
+  assert.equal(head, flushed.entries().at(-1)!.seq, "the head rebuilt from the stream");
+  assert.equal(await r.hget(`jg:{u:${user}}:wm`, "default"), head.toString().padStart(20, "0"), "watermark written back");
+  r.disconnect();
+  flushed.close();
+});
