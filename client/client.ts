@@ -1,0 +1,484 @@
+/**
+ * The jetgate device SDK: one persistent connection to a gateway that keeps a device's view of its
+ * mailbox up to date. Runs in browsers (global WebSocket) and in Node (pass a WebSocket class, e.g.
+ * from `ws`). No Node-only imports.
+ *
+ * Guarantees to the app:
+ * - `onEntry` is called once per message_id within the dedup window, in increasing seq order, one
+ *   entry at a time; the cursor advances (and is saved) only after the handler has finished. A
+ *   handler that throws gets the same entry again after a backoff.
+ * - A cursor that no longer fits the server (epoch change, rebuilt log, split, retention) is handled
+ *   as the server says (ADR-0004 section 4): rebase and dedup, old range then new shard, the app's
+ *   rebuild hook, or a fresh start.
+ */
+import {
+  CloseCode,
+  ErrorCode,
+  decodeServerFrame,
+  encodeFrame,
+  shouldReconnect,
+  type ClientFrame,
+  type CursorToken,
+  type DeviceCursor,
+  type Entry,
+  type ErrorFrame,
+  type MailboxSeq,
+  type ServerFrame,
+} from "../protocol/device.js";
+import { DEFAULT_BACKOFF, reconnectDelay, type BackoffOptions } from "./backoff.js";
+import { MemoryCursorStore, type CursorStore } from "./cursor-store.js";
+import { RecentIds } from "./dedup.js";
+
+/** The subset of the WebSocket API the SDK uses; the browser's and `ws`'s both fit. */
+export interface WebSocketLike {
+  binaryType: string;
+  readonly readyState: number;
+  send(data: Uint8Array): void;
+  close(code?: number, reason?: string): void;
+  onopen: ((ev: unknown) => void) | null;
+  onmessage: ((ev: { data: unknown }) => void) | null;
+  onclose: ((ev: { code: number; reason: string }) => void) | null;
+  onerror: ((ev: unknown) => void) | null;
+}
+export type WebSocketFactory = new (url: string) => WebSocketLike;
+
+export class JetgateClientError extends Error {
+  override readonly name: string = "JetgateClientError";
+  constructor(
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** The server closed for good (replaced by a newer session of this device, 4409). */
+export class SessionReplacedError extends JetgateClientError {
+  override readonly name = "SessionReplacedError";
+  constructor() {
+    super("REPLACED", "a newer session of this device replaced this one");
+  }
+}
+
+export interface ClientOptions {
+  /** ws(s)://host:port/v1/ws */
+  url: string;
+  device: string;
+  /** Called before every connection attempt: return a fresh device JWT. */
+  token: () => string | Promise<string>;
+  /** The app's handler for each entry; the cursor advances after it resolves. */
+  onEntry: (entry: Entry) => void | Promise<void>;
+  /** CURSOR_EXPIRED: entries were lost to retention; rebuild the app's state (live entries wait). */
+  onRebuild?: (info: { trimWatermark: MailboxSeq }) => void | Promise<void>;
+  store?: CursorStore;
+  WebSocket?: WebSocketFactory;
+  lanes?: string[];
+  backoff?: BackoffOptions;
+  /** Message ids remembered for dedup. */
+  dedupWindow?: number;
+  /** Send a cumulative ACK after this many entries or this many ms, whichever comes first. */
+  ackEvery?: { entries: number; ms: number };
+}
+
+export type ClientState =
+  | { type: "idle" }
+  | { type: "connecting"; attempt: number }
+  | { type: "syncing" }
+  | { type: "live" }
+  | { type: "waiting"; attempt: number; delayMs: number }
+  | { type: "closed"; reason: string };
+
+export interface ClientStats {
+  applied: number;
+  duplicatesDropped: number;
+  gapsFilled: number;
+  reconnects: number;
+  rebases: number;
+  handlerErrors: number;
+  /** ADR-0004's release gate: a received seq at or below the last applied outside a rebase. */
+  mailboxSeqRegressionCount: number;
+}
+
+export type ClientEvent =
+  | { type: "state"; state: ClientState }
+  | { type: "synced"; seq: MailboxSeq }
+  | { type: "rebased"; replayFrom: MailboxSeq; cursor: CursorToken }
+  | { type: "cursor_invalid"; reason: string }
+  | { type: "handler_error"; entry: Entry; error: unknown }
+  | { type: "error"; frame: ErrorFrame }
+  | { type: "closed"; code: number; reason: string };
+
+interface PendingSend {
+  cmid: string;
+  b: Uint8Array<ArrayBuffer>;
+  resolve: (r: { dup: boolean }) => void;
+  reject: (e: Error) => void;
+}
+
+interface Incoming {
+  shard: number;
+  entries: Entry[];
+}
+
+const OPEN = 1;
+
+function randomId(): string {
+  const a = new Uint8Array(12);
+  globalThis.crypto.getRandomValues(a);
+  return Array.from(a, (b) => b.toString(36).padStart(2, "0")).join("").slice(0, 20);
+}
+
+export class JetgateClient {
+  readonly stats: ClientStats = { applied: 0, duplicatesDropped: 0, gapsFilled: 0, reconnects: 0, rebases: 0, handlerErrors: 0, mailboxSeqRegressionCount: 0 };
+  private stateValue: ClientState = { type: "idle" };
+  private readonly store: CursorStore;
+  private readonly WS: WebSocketFactory;
+  private readonly recent: RecentIds;
+  private readonly listeners = new Set<(e: ClientEvent) => void>();
+  private ws: WebSocketLike | undefined;
+  private token: CursorToken | undefined;
+  private lastApplied: MailboxSeq = 0n;
+  private attempt = 0;
+  private nextDelayOverride: number | undefined;
+  private queue: Incoming[] = [];
+  private applying = false;
+  /** Set while CURSOR_EXPIRED's rebuild hook runs: live entries wait. */
+  private rebuilding: Promise<void> | undefined;
+  /** Split: until the old shard's range is done, the jump to the new shard's replay point waits. */
+  private pendingJump: { shard: number; to: MailboxSeq } | undefined;
+  private readonly pulls = new Map<number, (f: Extract<ServerFrame, { t: "MSGS" }>) => void>();
+  private nextId = 1;
+  private readonly sends = new Map<number, PendingSend>();
+  private unacked = 0;
+  private ackTimer: ReturnType<typeof setTimeout> | undefined;
+  private pingTimer: ReturnType<typeof setInterval> | undefined;
+  private lastHeard = 0;
+  private reconnectTimer: ReturnType<typeof setTimeout> | undefined;
+  private saveChain: Promise<void> = Promise.resolve();
+
+  constructor(private readonly opts: ClientOptions) {
+    this.store = opts.store ?? new MemoryCursorStore();
+    const ws = opts.WebSocket ?? (globalThis as { WebSocket?: WebSocketFactory }).WebSocket;
+    if (ws === undefined) throw new JetgateClientError("NO_WEBSOCKET", "no WebSocket implementation: pass options.WebSocket (e.g. from the ws package)");
+    this.WS = ws;
+    this.recent = new RecentIds(opts.dedupWindow ?? 10_000);
+  }
+
+  get state(): ClientState {
+    return this.stateValue;
+  }
+
+  /** The last seq the app's handler finished. */
+  get cursorSeq(): MailboxSeq {
+    return this.lastApplied;
+  }
+
+  on(listener: (e: ClientEvent) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  private emit(e: ClientEvent): void {
+    for (const l of this.listeners) l(e);
+  }
+
+  private setState(s: ClientState): void {
+    this.stateValue = s;
+    this.emit({ type: "state", state: s });
+  }
+
+  /** Loads the stored cursor and connects; reconnects by itself until `close()`. */
+  async start(): Promise<void> {
+    const c = await this.store.load();
+    if (c !== undefined) {
+      this.token = { shard: c.shard, epoch: c.epoch, log: c.log, sig: c.sig };
+      this.lastApplied = c.seq;
+    }
+    void this.connect();
+  }
+
+  /** Closes for good. */
+  async close(): Promise<void> {
+    this.setState({ type: "closed", reason: "closed by the app" });
+    clearTimeout(this.reconnectTimer);
+    this.teardown();
+    this.ws?.close(1000, "bye");
+    await this.saveChain;
+  }
+
+  /** Sends bytes upstream; resolves after the server stored them. Retries on reconnect with the same cmid. */
+  send(b: Uint8Array, cmid: string = randomId()): Promise<{ dup: boolean }> {
+    return new Promise((resolve, reject) => {
+      const id = this.nextId++;
+      const body = new Uint8Array(b); // a copy: the app may reuse its buffer before the server acks
+      this.sends.set(id, { cmid, b: body, resolve, reject });
+      if (this.stateValue.type === "live" || this.stateValue.type === "syncing") this.write({ t: "SEND", id, cmid, b: body });
+    });
+  }
+
+  // ---- connection ----------------------------------------------------------------------------
+
+  private async connect(): Promise<void> {
+    if (this.stateValue.type === "closed") return;
+    this.setState({ type: "connecting", attempt: this.attempt });
+    let token: string;
+    try {
+      token = await this.opts.token();
+    } catch {
+      this.scheduleReconnect();
+      return;
+    }
+    // The app may have closed while the token was fetched.
+    if ((this.stateValue as ClientState).type === "closed") return;
+    const ws = new this.WS(this.opts.url);
+    this.ws = ws;
+    ws.binaryType = "arraybuffer";
+    ws.onopen = () => {
+      this.lastHeard = Date.now();
+      const cursor: DeviceCursor | undefined = this.token && { ...this.token, seq: this.lastApplied };
+      this.write({ t: "AUTH", v: 1, token, device: this.opts.device, ...(cursor ? { cursor } : {}), ...(this.opts.lanes ? { lanes: this.opts.lanes } : {}) });
+    };
+    ws.onmessage = (ev) => this.onMessage(ev.data);
+    ws.onerror = () => undefined; // onclose follows
+    ws.onclose = (ev) => this.onClose(ev.code, ev.reason);
+  }
+
+  private onClose(code: number, reason: string): void {
+    this.teardown();
+    this.emit({ type: "closed", code, reason });
+    if (this.stateValue.type === "closed") return;
+    if (!shouldReconnect(code)) {
+      this.setState({ type: "closed", reason: `server closed with ${code}` });
+      for (const s of this.sends.values()) s.reject(new SessionReplacedError());
+      this.sends.clear();
+      return;
+    }
+    this.scheduleReconnect();
+  }
+
+  private teardown(): void {
+    clearInterval(this.pingTimer);
+    clearTimeout(this.ackTimer);
+    this.flushAck();
+    for (const resolve of this.pulls.values()) resolve({ t: "MSGS", shard: -1, e: [] });
+    this.pulls.clear();
+    if (this.ws) {
+      this.ws.onmessage = null;
+      this.ws.onclose = null;
+      this.ws.onopen = null;
+    }
+  }
+
+  private scheduleReconnect(): void {
+    const delayMs = this.nextDelayOverride ?? reconnectDelay(this.attempt, this.opts.backoff ?? DEFAULT_BACKOFF);
+    this.nextDelayOverride = undefined;
+    this.setState({ type: "waiting", attempt: this.attempt, delayMs });
+    this.attempt++;
+    this.stats.reconnects++;
+    this.reconnectTimer = setTimeout(() => void this.connect(), delayMs);
+  }
+
+  private write(frame: ClientFrame): void {
+    if (this.ws?.readyState === OPEN) this.ws.send(encodeFrame(frame));
+  }
+
+  // ---- frames --------------------------------------------------------------------------------
+
+  private onMessage(data: unknown): void {
+    this.lastHeard = Date.now();
+    let f: ServerFrame;
+    try {
+      f = decodeServerFrame(data instanceof ArrayBuffer ? new Uint8Array(data) : data);
+    } catch {
+      this.ws?.close(CloseCode.BAD_FRAME, "bad frame from server");
+      return;
+    }
+    switch (f.t) {
+      case "AUTH_OK":
+        this.onAuthOk(f);
+        return;
+      case "ERROR":
+        this.onError(f);
+        return;
+      case "MSGS":
+        if (f.id !== undefined) {
+          this.pulls.get(f.id)?.(f);
+          this.pulls.delete(f.id);
+          return;
+        }
+        this.queue.push({ shard: f.shard, entries: f.e });
+        void this.drain();
+        return;
+      case "SYNCED":
+        this.queue.push({ shard: -1, entries: [] }); // marks the end of catch-up in order
+        void this.drain().then(() => {
+          if (this.stateValue.type === "syncing") {
+            this.attempt = 0;
+            this.setState({ type: "live" });
+            this.emit({ type: "synced", seq: this.lastApplied });
+          }
+        });
+        return;
+      case "SEND_OK": {
+        const s = this.sends.get(f.id);
+        this.sends.delete(f.id);
+        s?.resolve({ dup: f.dup });
+        return;
+      }
+      case "GOAWAY":
+        this.nextDelayOverride = f.retry_ms;
+        return;
+      case "PONG":
+        return;
+    }
+  }
+
+  private onAuthOk(f: Extract<ServerFrame, { t: "AUTH_OK" }>): void {
+    this.token = f.cursor;
+    // `from` is the server's position for this device: the cursor, its rebased value, the head
+    // after a rebuild, 0 for a fresh start. During a split the old range plays first (pendingJump).
+    if (this.pendingJump === undefined) this.lastApplied = f.from;
+    this.saveCursor();
+    this.setState({ type: "syncing" });
+    clearInterval(this.pingTimer);
+    const hb = Math.max(1000, f.hb);
+    this.pingTimer = setInterval(() => {
+      if (Date.now() - this.lastHeard > hb * 2 + 5000) {
+        this.ws?.close(4000, "heartbeat missed");
+        return;
+      }
+      this.write({ t: "PING" });
+    }, hb);
+    for (const [id, s] of this.sends) this.write({ t: "SEND", id, cmid: s.cmid, b: s.b });
+  }
+
+  private onError(f: ErrorFrame): void {
+    this.emit({ type: "error", frame: f });
+    if (f.code === ErrorCode.CURSOR_REBASED && f.new_cursor && f.replay_from_seq !== undefined) {
+      this.stats.rebases++;
+      this.token = f.new_cursor;
+      if (f.old_range) {
+        // The old shard's range comes first (its seqs are below the new shard's); jump after it.
+        if (f.old_range.after > this.lastApplied) this.lastApplied = f.old_range.after;
+        this.pendingJump = { shard: f.old_range.shard, to: f.replay_from_seq };
+      } else if (f.replay_from_seq > this.lastApplied) {
+        this.lastApplied = f.replay_from_seq;
+      }
+      this.saveCursor();
+      this.emit({ type: "rebased", replayFrom: f.replay_from_seq, cursor: f.new_cursor });
+      return;
+    }
+    if (f.code === ErrorCode.CURSOR_EXPIRED && f.new_cursor) {
+      this.token = f.new_cursor;
+      const trim = f.trim_watermark ?? 0n;
+      this.rebuilding = Promise.resolve(this.opts.onRebuild?.({ trimWatermark: trim })).finally(() => {
+        this.rebuilding = undefined;
+        void this.drain();
+      });
+      this.lastApplied = 0n; // AUTH_OK's `from` (the head) is the position after a rebuild
+      return;
+    }
+    if (f.code === ErrorCode.CURSOR_INVALID) {
+      this.token = f.new_cursor;
+      this.lastApplied = 0n;
+      void this.store.clear();
+      this.emit({ type: "cursor_invalid", reason: f.msg });
+      return;
+    }
+    if (f.code === ErrorCode.INTERNAL && f.id !== undefined && this.sends.has(f.id)) {
+      const s = this.sends.get(f.id)!;
+      setTimeout(() => this.write({ t: "SEND", id: f.id!, cmid: s.cmid, b: s.b }), 1000);
+      return;
+    }
+    if (f.code === ErrorCode.TOO_LARGE && f.id !== undefined && this.sends.has(f.id)) {
+      this.sends.get(f.id)!.reject(new JetgateClientError(f.code, f.msg));
+      this.sends.delete(f.id);
+    }
+  }
+
+  // ---- applying entries -------------------------------------------------------------------------
+
+  /** Applies queued entries one at a time, in order. */
+  private async drain(): Promise<void> {
+    if (this.applying) return;
+    this.applying = true;
+    try {
+      while (this.queue.length > 0 && this.stateValue.type !== "closed") {
+        if (this.rebuilding) await this.rebuilding;
+        const batch = this.queue.shift()!;
+        if (this.pendingJump !== undefined && batch.shard !== this.pendingJump.shard) {
+          // Past the old shard's range: continue in the new shard's numbering.
+          if (this.pendingJump.to > this.lastApplied) this.lastApplied = this.pendingJump.to;
+          this.pendingJump = undefined;
+        }
+        for (const e of batch.entries) await this.applyOne(e);
+      }
+    } finally {
+      this.applying = false;
+    }
+  }
+
+  private async applyOne(e: Entry): Promise<void> {
+    if (e.seq <= this.lastApplied) {
+      this.stats.mailboxSeqRegressionCount++;
+      return;
+    }
+    if (e.prev !== null && e.prev > this.lastApplied) await this.fillGap(e);
+    if (this.recent.has(e.id)) {
+      this.stats.duplicatesDropped++;
+      this.advance(e.seq);
+      return;
+    }
+    for (let attempt = 0; ; attempt++) {
+      if (this.stateValue.type === "closed") return;
+      try {
+        await this.opts.onEntry(e);
+        break;
+      } catch (error) {
+        this.stats.handlerErrors++;
+        this.emit({ type: "handler_error", entry: e, error });
+        await new Promise((r) => setTimeout(r, reconnectDelay(attempt, { baseMs: 100, capMs: 5000 })));
+      }
+    }
+    this.recent.add(e.id);
+    this.stats.applied++;
+    this.advance(e.seq);
+  }
+
+  /** Entries between the last applied and `e` are missing: PULL them before applying `e`. */
+  private async fillGap(e: Entry): Promise<void> {
+    this.stats.gapsFilled++;
+    for (let rounds = 0; rounds < 100 && this.ws?.readyState === OPEN; rounds++) {
+      const id = this.nextId++;
+      const reply = await new Promise<Extract<ServerFrame, { t: "MSGS" }>>((resolve) => {
+        this.pulls.set(id, resolve);
+        this.write({ t: "PULL", id, after: this.lastApplied, limit: 500 });
+      });
+      const before = reply.e.filter((x) => x.seq < e.seq && x.seq > this.lastApplied);
+      for (const x of before) await this.applyOne({ ...x, prev: null });
+      if (before.length === 0 || !reply.more || reply.e.some((x) => x.seq >= e.seq)) return;
+    }
+  }
+
+  private advance(seq: MailboxSeq): void {
+    this.lastApplied = seq;
+    this.saveCursor();
+    const every = this.opts.ackEvery ?? { entries: 100, ms: 1000 };
+    if (++this.unacked >= every.entries) this.flushAck();
+    else this.ackTimer ??= setTimeout(() => this.flushAck(), every.ms);
+  }
+
+  private flushAck(): void {
+    clearTimeout(this.ackTimer);
+    this.ackTimer = undefined;
+    if (this.unacked === 0) return;
+    this.unacked = 0;
+    this.write({ t: "ACK", seq: this.lastApplied });
+  }
+
+  private saveCursor(): void {
+    if (this.token === undefined) return;
+    const c: DeviceCursor = { ...this.token, seq: this.lastApplied };
+    this.saveChain = this.saveChain.then(() => this.store.save(c)).catch(() => undefined);
+  }
+}
