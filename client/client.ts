@@ -197,6 +197,11 @@ export class JetgateClient {
     void this.connect();
   }
 
+  /** Drops the current connection and reconnects (e.g. after the app saw the network change). */
+  disconnect(): void {
+    if (this.ws && this.ws.readyState === OPEN) this.ws.close(4000, "client reconnect");
+  }
+
   /** Closes for good. */
   async close(): Promise<void> {
     this.setState({ type: "closed", reason: "closed by the app" });
