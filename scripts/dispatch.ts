@@ -1,0 +1,46 @@
+/**
+ * `npm run dispatch -- --to <user>[,<user>...] --text <text> [--lane <lane>]`: appends one entry to
+ * each recipient's mailbox through the Dispatcher (the same library backends use).
+ */
+import { parseArgs } from "node:util";
+import { randomBytes } from "node:crypto";
+import { ConfigError, DispatchValidationError, Dispatcher, RegistryClient, connectNats, loadConfig } from "../protocol/index.js";
+
+async function main(): Promise<number> {
+  const { values } = parseArgs({
+    options: { to: { type: "string" }, text: { type: "string" }, lane: { type: "string" } },
+    strict: true,
+  });
+  if (values.to === undefined || values.text === undefined) {
+    console.error("usage: npm run dispatch -- --to <user>[,<user>...] --text <text> [--lane <lane>]");
+    return 64;
+  }
+  const config = loadConfig();
+  const nc = await connectNats(config, "jetgate-dispatch");
+  const registry = await RegistryClient.open(nc);
+  const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: config.JETGATE_LANES, ackTimeoutMs: 2000, attempts: 3 });
+  try {
+    const id = `cli-${randomBytes(6).toString("hex")}`;
+    const results = await dispatcher.dispatch({
+      dispatch_id: id,
+      message_id: id,
+      lane: values.lane ?? config.JETGATE_LANES[0]!,
+      recipients: values.to.split(",").map((s) => s.trim()),
+      body: new TextEncoder().encode(values.text),
+    });
+    for (const r of results) console.log("error" in r ? `${r.user}: ${r.error.code} ${r.error.message}` : `${r.user}: shard ${r.shard} offset ${r.seq}${r.duplicate ? " (duplicate)" : ""}`);
+    return results.some((r) => "error" in r) ? 1 : 0;
+  } finally {
+    dispatcher.close();
+    await registry.close();
+    await nc.close();
+  }
+}
+
+main().then(
+  (code) => process.exit(code),
+  (err: unknown) => {
+    console.error(err instanceof ConfigError || err instanceof DispatchValidationError ? err.message : err);
+    process.exit(err instanceof DispatchValidationError ? 64 : 1);
+  },
+);

@@ -1,0 +1,46 @@
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, spawnSync } from "node:child_process";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { NatsServer, RedisServer, freePort } from "../harness/servers.js";
+import { waitFor } from "../harness/wait.js";
+
+const ROOT = new URL("../../", import.meta.url);
+const [nats, redis] = await Promise.all([NatsServer.start(), RedisServer.start()]);
+after(async () => {
+  await nats.dispose();
+  await redis.dispose();
+});
+
+test("npm start - the whole stack comes up, the demo device prints what npm run dispatch sends, Ctrl-C stops it all", async () => {
+  const env = {
+    PATH: process.env.PATH ?? "",
+    JETGATE_NATS_URL: nats.url,
+    JETGATE_REDIS_URL: redis.url,
+    JETGATE_GATEWAY_PORT: String(await freePort()),
+    JETGATE_WORKER_HTTP_PORT: String(await freePort()),
+  };
+  const start = spawn(process.execPath, ["--import", "tsx", "scripts/start.ts", "--state-dir", mkdtempSync(join(tmpdir(), "jetgate-demo-"))], { cwd: ROOT, env });
+  let out = "";
+  start.stdout.on("data", (d: Buffer) => (out += d.toString()));
+  start.stderr.on("data", (d: Buffer) => (out += d.toString()));
+  try {
+    await waitFor("the welcome entry at the demo device", () => out.includes('body="welcome to jetgate"'), { timeoutMs: 60_000 });
+    assert.match(out, /using NATS at/);
+    assert.match(out, /registry initialised with 4 shards/);
+    const d = spawnSync(process.execPath, ["--import", "tsx", "scripts/dispatch.ts", "--to", "demo", "--text", "hello there"], { cwd: ROOT, env, encoding: "utf8" });
+    assert.equal(d.status, 0, d.stderr);
+    assert.match(d.stdout, /^demo: shard \d+ offset \d+/m);
+    await waitFor("the dispatched entry at the demo device", () => out.includes('body="hello there"'), { timeoutMs: 20_000 });
+    const bad = spawnSync(process.execPath, ["--import", "tsx", "scripts/dispatch.ts", "--to", "a.b", "--text", "x"], { cwd: ROOT, env, encoding: "utf8" });
+    assert.equal(bad.status, 64);
+    assert.match(bad.stderr, /recipients\.0: user id/);
+  } finally {
+    start.kill("SIGINT");
+  }
+  const code = await new Promise<number | null>((r) => start.once("exit", r));
+  assert.equal(code, 0, out.slice(-2000));
+  assert.match(out, /\[start\] stopping/);
+});
