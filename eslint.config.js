@@ -4,7 +4,7 @@ import js from "@eslint/js";
 import tseslint from "typescript-eslint";
 
 export default tseslint.config(
-  { ignores: ["node_modules/", "dist/", "coverage/", "k8s/", "client/dist/", ".tmp/"] },
+  { ignores: ["node_modules/", "dist/", "coverage/", "k8s/", "client/demo/jetgate.js", ".tmp/"] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {

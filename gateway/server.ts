@@ -7,6 +7,9 @@
  * that is answered asynchronously registers onAborted first; limits are set explicitly.
  */
 import { randomBytes } from "node:crypto";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { SignJWT } from "jose";
 import type * as Uws from "uWebSockets.js";
 import { z } from "zod";
 import { DispatchValidationError, type Config, type Dispatcher } from "../protocol/index.js";
@@ -119,6 +122,7 @@ export function startServer(
     const auth = req.getHeader("authorization");
     handleDispatch(res, auth, config, ctx, dispatcher);
   });
+  if (config.JETGATE_DEMO_DIR !== undefined && config.JETGATE_ENV === "development") serveDemo(app, config, config.JETGATE_DEMO_DIR);
   app.any("/*", (res) => void res.writeStatus("404 Not Found").end("not found\n"));
 
   return new Promise((resolve, reject) => {
@@ -133,6 +137,44 @@ export function startServer(
         refuseUpgrades: () => (upgrades = false),
       });
     });
+  });
+}
+
+/**
+ * Local mode: the demo page and a token endpoint that signs development tokens with the HS256
+ * secret (never in production: loadConfig refuses JETGATE_DEMO_DIR there).
+ */
+function serveDemo(app: Uws.TemplatedApp, config: Config, dir: string): void {
+  const file = (name: string, type: string) => (res: Uws.HttpResponse) => {
+    let body: Buffer;
+    try {
+      body = readFileSync(join(dir, name));
+    } catch {
+      res.writeStatus("404 Not Found").end(`${name} is missing: run npm run build:sdk\n`);
+      return;
+    }
+    res.writeHeader("content-type", type).writeHeader("cache-control", "no-store").end(body);
+  };
+  app.get("/demo/", file("index.html", "text/html; charset=utf-8"));
+  app.get("/demo/index.html", file("index.html", "text/html; charset=utf-8"));
+  app.get("/demo/jetgate.js", file("jetgate.js", "text/javascript; charset=utf-8"));
+  app.get("/demo/token", (res, req) => {
+    const user = req.getQuery("user") ?? "";
+    const device = req.getQuery("device") ?? "";
+    if (!/^[A-Za-z0-9_-]{1,64}$/.test(user) || (device !== "" && !/^[A-Za-z0-9_-]{1,64}$/.test(device))) {
+      res.writeStatus("400 Bad Request").end("user and device must be 1..64 of A-Z a-z 0-9 _ -\n");
+      return;
+    }
+    let aborted = false;
+    res.onAborted(() => (aborted = true));
+    void new SignJWT(device ? { dev: device } : {})
+      .setProtectedHeader({ alg: "HS256" })
+      .setSubject(user)
+      .setExpirationTime("1h")
+      .sign(new TextEncoder().encode(config.JETGATE_JWT_SECRET ?? ""))
+      .then((jwt) => {
+        if (!aborted) res.cork(() => res.writeHeader("content-type", "text/plain").end(jwt));
+      });
   });
 }
 

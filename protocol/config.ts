@@ -180,6 +180,8 @@ export const envSchema = z.object({
   JETGATE_MAX_BACKPRESSURE: int(64 * 1024, 256 * 1024 * 1024, 1024 * 1024),
   JETGATE_DRAIN_MS: int(0, 600_000, 10_000),
   JETGATE_ALLOW_UWS_FALLBACK: bool(false),
+  /** Local mode only: serve the demo page (index.html, jetgate.js) from this dir at /demo/. */
+  JETGATE_DEMO_DIR: optionalStr,
   JETGATE_GATEWAY_ID: optionalStr.pipe(z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, "must be 1..64 of A-Z a-z 0-9 _ -").optional()),
   JETGATE_RATE_FRAMES_PER_S: int(1, 100_000, 50),
   JETGATE_RATE_BURST: int(1, 100_000, 100),
@@ -223,6 +225,7 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
         problems.push("JETGATE_JWT_PUBLIC_KEYS_FILE: required when JETGATE_ENV=production (or JETGATE_JWT_SECRET)");
       }
       if (c.JETGATE_FAULT_EXIT_AFTER !== "") problems.push("JETGATE_FAULT_EXIT_AFTER: test-only; refused when JETGATE_ENV=production");
+      if (c.JETGATE_DEMO_DIR !== undefined) problems.push("JETGATE_DEMO_DIR: the demo page hands out tokens; refused when JETGATE_ENV=production");
     }
     if (c.JETGATE_NATS_TOKEN !== undefined && c.JETGATE_NATS_USER !== undefined) {
       problems.push("JETGATE_NATS_TOKEN: set either a token or JETGATE_NATS_USER/JETGATE_NATS_PASS, not both");

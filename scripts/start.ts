@@ -22,6 +22,7 @@ import { Dispatcher, RegistryClient, connectNats, loadConfig, ConfigError, type 
 import { initRegistry } from "../worker/registry-init.js";
 import { JetgateClient, type WebSocketFactory } from "../client/index.js";
 import { FileCursorStore } from "../client/node.js";
+import { buildSdk } from "./build-sdk.js";
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url));
 const children: ChildProcess[] = [];
@@ -105,7 +106,7 @@ let stopping = false;
 
 async function main(): Promise<void> {
   const { values } = parseArgs({ options: { "state-dir": { type: "string", default: join(ROOT, ".jetgate") } }, strict: true });
-  const env: NodeJS.ProcessEnv = { JETGATE_LOG_LEVEL: "warn", ...process.env };
+  const env: NodeJS.ProcessEnv = { JETGATE_LOG_LEVEL: "warn", JETGATE_DEMO_DIR: join(ROOT, "client", "demo"), ...process.env };
   delete env.JETGATE_START_INSTALL;
   const config = loadConfig(env);
   const dir = mkdtempSync(join(tmpdir(), "jetgate-start-"));
@@ -123,6 +124,7 @@ async function main(): Promise<void> {
   process.on("SIGINT", () => void stop(0));
   process.on("SIGTERM", () => void stop(0));
 
+  await buildSdk();
   await infrastructure(config, dir);
   const nc = await connectNats(config, "jetgate-start");
   const report = await initRegistry(nc, { ...config, shards: config.JETGATE_SHARDS, by: "npm-start" });
@@ -132,7 +134,7 @@ async function main(): Promise<void> {
   child("gateway", node[0]!, [...node.slice(1), "gateway/main.ts"], env);
   const port = config.JETGATE_GATEWAY_PORT;
   await waitUntil("the gateway", async () => (await fetch(`http://127.0.0.1:${port}/readyz`).catch(() => undefined))?.ok === true);
-  say(`gateway ready: ws://127.0.0.1:${port}/v1/ws`);
+  say(`gateway ready: ws://127.0.0.1:${port}/v1/ws   demo page: http://127.0.0.1:${port}/demo/?user=demo`);
 
   const secret = new TextEncoder().encode(config.JETGATE_JWT_SECRET!);
   const user = "demo";

@@ -131,10 +131,10 @@ export async function spawnWorker(
 
 /** Starts a gateway process on a free port and waits until it is ready. */
 export async function spawnGateway(env: Record<string, string>, extra: Record<string, string> = {}, nodeArgs: string[] = []): Promise<JetgateProcess> {
-  const port = await freePort();
+  const port = extra.JETGATE_GATEWAY_PORT !== undefined ? Number(extra.JETGATE_GATEWAY_PORT) : await freePort();
   const proc = spawn(process.execPath, [...nodeArgs, "--import", "tsx", "gateway/main.ts"], {
     cwd: ROOT,
-    env: { PATH: process.env.PATH ?? "", JETGATE_GATEWAY_HOST: "127.0.0.1", ...env, JETGATE_GATEWAY_PORT: String(port), ...extra },
+    env: { PATH: process.env.PATH ?? "", JETGATE_GATEWAY_HOST: "127.0.0.1", ...env, ...extra, JETGATE_GATEWAY_PORT: String(port) },
     stdio: ["ignore", "pipe", "pipe"],
   });
   const g = new JetgateProcess(proc, port);
