@@ -18,21 +18,23 @@ export class WorkerMetrics {
   readonly lease: Gauge<"shard">;
 
   constructor() {
-    const r = [this.registry];
+    const registers = [this.registry];
     collectDefaultMetrics({ register: this.registry, prefix: "jetgate_worker_" });
-    this.processed = new Counter({ name: "jetgate_worker_entries_processed_total", help: "Entries processed (first copies, duplicates and forwards).", labelNames: ["shard"], registers: r });
-    this.pushed = new Counter({ name: "jetgate_worker_entries_pushed_total", help: "Live pushes published.", labelNames: ["shard"], registers: r });
-    this.duplicates = new Counter({ name: "jetgate_worker_duplicates_total", help: "Entries whose dispatch_id:user was seen at another offset: not pushed.", labelNames: ["shard"], registers: r });
-    this.forwarded = new Counter({ name: "jetgate_worker_forwarded_total", help: "Entries for users this shard no longer owns, forwarded to the owning shard.", labelNames: ["shard"], registers: r });
-    this.badEntries = new Counter({ name: "jetgate_worker_bad_entries_total", help: "Entries with an unreadable subject or body: skipped.", labelNames: ["shard"], registers: r });
-    this.regressions = new Counter({ name: "jetgate_mailbox_seq_regression_total", help: "A derived seq at or below the previous one (ADR-0004 release gate: must stay 0).", labelNames: ["component"], registers: r });
-    this.redisRetries = new Counter({ name: "jetgate_worker_redis_retries_total", help: "Batches whose Redis step failed and was retried.", labelNames: ["shard"], registers: r });
-    this.takeovers = new Counter({ name: "jetgate_worker_takeovers_total", help: "Shards taken over by this worker (epoch bumps it wrote).", labelNames: ["shard"], registers: r });
-    this.fenced = new Counter({ name: "jetgate_worker_fenced_total", help: "Times this worker stopped a shard because the registry showed a newer epoch.", labelNames: ["shard"], registers: r });
-    this.lag = new Gauge({ name: "jetgate_worker_lag_entries", help: "Entries in the shard stream not yet delivered to this worker.", labelNames: ["shard"], registers: r });
-    this.epoch = new Gauge({ name: "jetgate_shard_epoch", help: "Current epoch of an owned shard (review at 1000).", labelNames: ["shard"], registers: r });
-    this.offset = new Gauge({ name: "jetgate_shard_log_offset", help: "Last log offset processed in an owned shard (48-bit field: review at 10% of 2^48).", labelNames: ["shard"], registers: r });
-    this.lease = new Gauge({ name: "jetgate_worker_lease_held", help: "1 while this worker holds the shard's lease.", labelNames: ["shard"], registers: r });
+    const c = <L extends string>(name: string, help: string, labelNames: L[]) => new Counter<L>({ name, help, labelNames, registers });
+    const g = (name: string, help: string) => new Gauge<"shard">({ name, help, labelNames: ["shard"], registers });
+    this.processed = c("jetgate_worker_entries_processed_total", "Entries processed (first copies, duplicates and forwards).", ["shard"]);
+    this.pushed = c("jetgate_worker_entries_pushed_total", "Live pushes published.", ["shard"]);
+    this.duplicates = c("jetgate_worker_duplicates_total", "Entries whose dispatch_id:user was seen at another offset: not pushed.", ["shard"]);
+    this.forwarded = c("jetgate_worker_forwarded_total", "Entries for users this shard no longer owns, forwarded to the owning shard.", ["shard"]);
+    this.badEntries = c("jetgate_worker_bad_entries_total", "Entries with an unreadable subject or body: skipped.", ["shard"]);
+    this.regressions = c("jetgate_mailbox_seq_regression_total", "A derived seq at or below the previous one (ADR-0004 release gate: must stay 0).", ["component"]);
+    this.redisRetries = c("jetgate_worker_redis_retries_total", "Batches whose Redis step failed and was retried.", ["shard"]);
+    this.takeovers = c("jetgate_worker_takeovers_total", "Shards taken over by this worker (epoch bumps it wrote).", ["shard"]);
+    this.fenced = c("jetgate_worker_fenced_total", "Times this worker stopped a shard because the registry showed a newer epoch.", ["shard"]);
+    this.lag = g("jetgate_worker_lag_entries", "Entries in the shard stream not yet delivered to this worker.");
+    this.epoch = g("jetgate_shard_epoch", "Current epoch of an owned shard (review at 1000).");
+    this.offset = g("jetgate_shard_log_offset", "Last log offset processed in an owned shard (48-bit field: review at 10% of 2^48).");
+    this.lease = g("jetgate_worker_lease_held", "1 while this worker holds the shard's lease.");
     this.regressions.inc({ component: "worker" }, 0);
   }
 }

@@ -6,7 +6,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { connect, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { Redis } from "ioredis";
-import { decodePush, loadConfig, type Dispatcher, type Push } from "../../protocol/index.js";
+import { Dispatcher, RegistryClient, decodePush, loadConfig, type DispatcherOptions, type Push } from "../../protocol/index.js";
 import { initRegistry } from "../../worker/index.js";
 import { NatsServer, RedisServer, freePort } from "./servers.js";
 
@@ -109,40 +109,37 @@ process.on("exit", () => {
   for (const p of allProcesses) p.kill("SIGKILL");
 });
 
-/** Starts a worker process and waits until it is ready. `nodeArgs` go before the script (e.g. --cpu-prof). */
-export async function spawnWorker(
+/** Starts `node --import tsx <script>` with an HTTP port of its own and waits for /readyz. */
+async function spawnJetgate(
+  what: string,
+  script: string,
+  portVar: string,
   env: Record<string, string>,
-  extra: Record<string, string> = {},
-  nodeArgs: string[] = [],
+  extra: Record<string, string>,
+  nodeArgs: string[],
 ): Promise<JetgateProcess> {
-  const port = await freePort();
-  const proc = spawn(process.execPath, [...nodeArgs, "--import", "tsx", "worker/main.ts"], {
+  const port = extra[portVar] !== undefined ? Number(extra[portVar]) : await freePort();
+  const proc = spawn(process.execPath, [...nodeArgs, "--import", "tsx", script], {
     cwd: ROOT,
-    env: { PATH: process.env.PATH ?? "", ...env, JETGATE_WORKER_HTTP_PORT: String(port), ...extra },
+    env: { PATH: process.env.PATH ?? "", JETGATE_GATEWAY_HOST: "127.0.0.1", ...env, ...extra, [portVar]: String(port) },
     stdio: ["ignore", "pipe", "pipe"],
   });
-  const w = new JetgateProcess(proc, port);
-  await waitFor(`worker on port ${port} to be ready`, async () => {
-    if (proc.exitCode !== null) throw new WaitAbort(`worker exited with ${proc.exitCode}:\n${w.output.join("\n")}`);
-    return (await w.http("/readyz")).status === 200;
+  const p = new JetgateProcess(proc, port);
+  await waitFor(`${what} on port ${port} to be ready`, async () => {
+    if (proc.exitCode !== null) throw new WaitAbort(`${what} exited with ${proc.exitCode}:\n${p.output.join("\n")}`);
+    return (await p.http("/readyz")).status === 200;
   }, { timeoutMs: 20_000 });
-  return w;
+  return p;
 }
 
-/** Starts a gateway process on a free port and waits until it is ready. */
-export async function spawnGateway(env: Record<string, string>, extra: Record<string, string> = {}, nodeArgs: string[] = []): Promise<JetgateProcess> {
-  const port = extra.JETGATE_GATEWAY_PORT !== undefined ? Number(extra.JETGATE_GATEWAY_PORT) : await freePort();
-  const proc = spawn(process.execPath, [...nodeArgs, "--import", "tsx", "gateway/main.ts"], {
-    cwd: ROOT,
-    env: { PATH: process.env.PATH ?? "", JETGATE_GATEWAY_HOST: "127.0.0.1", ...env, ...extra, JETGATE_GATEWAY_PORT: String(port) },
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  const g = new JetgateProcess(proc, port);
-  await waitFor(`gateway on port ${port} to be ready`, async () => {
-    if (proc.exitCode !== null) throw new WaitAbort(`gateway exited with ${proc.exitCode}:\n${g.output.join("\n")}`);
-    return (await g.http("/readyz")).status === 200;
-  }, { timeoutMs: 20_000 });
-  return g;
+/** Starts a worker process and waits until it is ready. `nodeArgs` go before the script (e.g. --cpu-prof). */
+export function spawnWorker(env: Record<string, string>, extra: Record<string, string> = {}, nodeArgs: string[] = []): Promise<JetgateProcess> {
+  return spawnJetgate("worker", "worker/main.ts", "JETGATE_WORKER_HTTP_PORT", env, extra, nodeArgs);
+}
+
+/** Starts a gateway process (on a free port unless `extra` names one) and waits until it is ready. */
+export function spawnGateway(env: Record<string, string>, extra: Record<string, string> = {}, nodeArgs: string[] = []): Promise<JetgateProcess> {
+  return spawnJetgate("gateway", "gateway/main.ts", "JETGATE_GATEWAY_PORT", env, extra, nodeArgs);
 }
 
 /** Collects every push on `push.>`, decoded. */
@@ -237,4 +234,49 @@ export class DispatchLoad {
     this.running = false;
     await this.loop;
   }
+}
+
+/** A whole test stack: servers, the registry initialised, a NATS client, registry, dispatcher, and jetgate processes. */
+export interface Stack {
+  infra: Infra;
+  nc: NatsConnection;
+  registry: RegistryClient;
+  dispatcher: Dispatcher;
+  /** The current processes; a test that replaces one assigns the new one here so dispose stops it. */
+  worker: JetgateProcess | undefined;
+  gateway: JetgateProcess | undefined;
+  dispose(): Promise<void>;
+}
+
+export async function startStack(opts: {
+  env?: Record<string, string>;
+  lanes?: string[];
+  dispatcher?: Partial<DispatcherOptions>;
+  /** Worker settings, or false for no worker (the test publishes pushes itself). */
+  worker?: Record<string, string> | false;
+  gateway?: Record<string, string> | false;
+} = {}): Promise<Stack> {
+  const infra = await startInfra(opts.env);
+  await initStack(infra.env);
+  const nc = await connect({ servers: infra.nats.url });
+  const registry = await RegistryClient.open(nc);
+  const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: opts.lanes ?? ["default"], ...opts.dispatcher });
+  const stack: Stack = {
+    infra, nc, registry, dispatcher, worker: undefined, gateway: undefined,
+    async dispose() {
+      await stack.gateway?.kill();
+      await stack.worker?.kill();
+      dispatcher.close();
+      await registry.close();
+      await nc.close();
+      await infra.dispose();
+    },
+  };
+  if (opts.worker !== false) stack.worker = await spawnWorker(infra.env, opts.worker ?? {});
+  if (opts.gateway !== undefined && opts.gateway !== false) stack.gateway = await spawnGateway(infra.env, opts.gateway);
+  if (stack.worker !== undefined) {
+    const shards = registry.state.shards.size;
+    await waitFor("the worker owns every shard", async () => (await stack.worker!.metric("jetgate_worker_lease_held")) === shards, { timeoutMs: 20_000 });
+  }
+  return stack;
 }

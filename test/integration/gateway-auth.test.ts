@@ -1,34 +1,21 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager, type JsMsg } from "@nats-io/jetstream";
 import {
-  Dispatcher, RegistryClient, bumpEpoch, halfRange, loadConfig, newLogId, shardStream, shardStreamConfig, splitShard, userHash,
+  bumpEpoch, halfRange, loadConfig, newLogId, shardStream, shardStreamConfig, splitShard, userHash,
   type CursorToken, type DeviceCursor, type Entry, type MailboxSeq, type ServerFrame,
 } from "../../protocol/index.js";
-import { startInfra, initStack, spawnWorker, spawnGateway, type JetgateProcess } from "../harness/stack.js";
+import { startStack, spawnWorker } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
-const infra = await startInfra({ JETGATE_LEASE_MS: "1000", JETGATE_AUTH_TIMEOUT_MS: "600" });
-await initStack(infra.env);
+const stack = await startStack({ env: { JETGATE_LEASE_MS: "1000", JETGATE_AUTH_TIMEOUT_MS: "600" }, gateway: {} });
+after(() => stack.dispose());
+const { infra, nc, registry, dispatcher } = stack;
+const gateway = stack.gateway!;
 const config = loadConfig(infra.env);
-const nc = await connect({ servers: infra.nats.url });
 const js = jetstream(nc);
 const jsm = await jetstreamManager(nc);
-const registry = await RegistryClient.open(nc);
-const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
-let worker: JetgateProcess = await spawnWorker(infra.env);
-const gateway = await spawnGateway(infra.env);
-after(async () => {
-  await gateway.kill();
-  await worker.kill();
-  dispatcher.close();
-  await registry.close();
-  await nc.close();
-  await infra.dispose();
-});
-await waitFor("the worker owns both shards", async () => (await worker.metric("jetgate_worker_lease_held")) === 2);
 
 /** Users by shard: alice is on shard 0; `moved` is a shard-1 user in the upper half (moved by the split). */
 const usersOf = (pred: (h: number) => boolean) => Array.from({ length: 400 }, (_, i) => `user${i}`).filter((u) => pred(userHash(u)));
@@ -166,8 +153,8 @@ test("gateway auth - no AUTH within the timeout: close 4401; traffic does not ex
 
 test("gateway auth - epoch bumped in the same log (E1 takeover): rebased, no duplicates, no gap", async () => {
   const before = registry.state.shards.get(alice.shard)!.epoch;
-  await worker.kill("SIGKILL");
-  worker = await spawnWorker(infra.env);
+  await stack.worker!.kill("SIGKILL");
+  stack.worker = await spawnWorker(infra.env);
   await waitFor("takeover", () => registry.state.shards.get(alice.shard)!.epoch > before, { timeoutMs: 15_000 });
   const more = await send("alice", 3);
   const s = await session("alice", alice, 3);
@@ -236,7 +223,7 @@ test("gateway auth - a user moved by a split: old range first, then the new shar
   });
   await jsm.streams.add(shardStreamConfig(2, childLog, config));
   assert.equal(registry.shards.shardOf(moved), 2);
-  await waitFor("a worker runs the child shard", async () => (await worker.metric("jetgate_worker_lease_held", { shard: "2" })) === 1, { timeoutMs: 15_000 });
+  await waitFor("a worker runs the child shard", async () => (await stack.worker!.metric("jetgate_worker_lease_held", { shard: "2" })) === 1, { timeoutMs: 15_000 });
   const after = await send(moved, 2);
   const s = await session(moved, cursor, 4);
   const rebased = s.errors[0]!;

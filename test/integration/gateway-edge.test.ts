@@ -1,30 +1,20 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { connect } from "@nats-io/transport-node";
-import {
-  Dispatcher, RegistryClient, bumpEpoch, composeSeq, encodePush, pack, pushSubject, type Entry,
-} from "../../protocol/index.js";
-import { startInfra, initStack, spawnGateway, freePortForTest } from "../harness/stack.js";
+import { bumpEpoch, composeSeq, encodePush, pack, pushSubject, type Entry } from "../../protocol/index.js";
+import { startStack, freePortForTest } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
 // No worker here: this test publishes the pushes itself, so it can withhold one.
-const infra = await startInfra({
-  JETGATE_MAX_PAYLOAD: "1024", JETGATE_RATE_FRAMES_PER_S: "50", JETGATE_RATE_BURST: "100", JETGATE_MAX_CONNS_PER_USER: "3", JETGATE_DRAIN_MS: "1500",
+const stack = await startStack({
+  env: { JETGATE_MAX_PAYLOAD: "1024", JETGATE_RATE_FRAMES_PER_S: "50", JETGATE_RATE_BURST: "100", JETGATE_MAX_CONNS_PER_USER: "3", JETGATE_DRAIN_MS: "1500" },
+  worker: false,
+  gateway: {},
 });
-await initStack(infra.env);
-const nc = await connect({ servers: infra.nats.url });
-const registry = await RegistryClient.open(nc);
-const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
-const gateway = await spawnGateway(infra.env);
-after(async () => {
-  await gateway.kill();
-  dispatcher.close();
-  await registry.close();
-  await nc.close();
-  await infra.dispose();
-});
+after(() => stack.dispose());
+const { infra, nc, registry, dispatcher } = stack;
+const gateway = stack.gateway!;
 
 async function authed(user: string, device = "d1"): Promise<TestDevice> {
   const dev = await TestDevice.connect(gateway.httpPort);

@@ -1,28 +1,22 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { Dispatcher, RegistryClient, type Entry } from "../../protocol/index.js";
-import { startInfra, initStack, spawnWorker, spawnGateway, redisClient } from "../harness/stack.js";
+import type { Entry } from "../../protocol/index.js";
+import { startStack, spawnGateway, redisClient } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
-const infra = await startInfra({ JETGATE_LEASE_MS: "1000", JETGATE_SERVICE_TOKEN: "svc-secret", JETGATE_LANES: "default,chat" });
-await initStack(infra.env);
-const nc = await connect({ servers: infra.nats.url });
-const registry = await RegistryClient.open(nc);
-const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: ["default", "chat"], maxInFlight: 20_000 });
-const worker = await spawnWorker(infra.env, { JETGATE_WORKER_BATCH: "1000" });
-const gateway = await spawnGateway(infra.env);
-after(async () => {
-  await gateway.kill();
-  await worker.kill();
-  dispatcher.close();
-  await registry.close();
-  await nc.close();
-  await infra.dispose();
+const stack = await startStack({
+  env: { JETGATE_LEASE_MS: "1000", JETGATE_SERVICE_TOKEN: "svc-secret", JETGATE_LANES: "default,chat" },
+  lanes: ["default", "chat"],
+  dispatcher: { maxInFlight: 20_000 },
+  worker: { JETGATE_WORKER_BATCH: "1000" },
+  gateway: {},
 });
-await waitFor("the worker owns both shards", async () => (await worker.metric("jetgate_worker_lease_held")) === 2);
+after(() => stack.dispose());
+const { infra, nc, dispatcher } = stack;
+const worker = stack.worker!;
+const gateway = stack.gateway!;
 
 async function live(port: number, user: string, device = "d1", lanes?: string[]): Promise<TestDevice> {
   const dev = await TestDevice.connect(port);

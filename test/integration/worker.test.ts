@@ -1,30 +1,21 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import { connect } from "@nats-io/transport-node";
 import {
-  Dispatcher, RedisKeys, RegistryClient, composeSeq, decodeCacheRecord, seqKey, seqOffset, type Push,
+  RedisKeys, composeSeq, decodeCacheRecord, seqKey, seqOffset, type Push,
 } from "../../protocol/index.js";
 import { applyEntry } from "../../worker/mailbox-script.js";
-import { startInfra, initStack, spawnWorker, PushCollector, redisClient, DispatchLoad } from "../harness/stack.js";
+import { startStack, PushCollector, redisClient, DispatchLoad } from "../harness/stack.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
 // A 1 s JetStream duplicate window, so a test can append the same dispatch twice outside it.
-const infra = await startInfra({ JETGATE_LEASE_MS: "1000", JETGATE_DUPLICATE_WINDOW_S: "1" });
-await initStack(infra.env);
-const nc = await connect({ servers: infra.nats.url });
-const registry = await RegistryClient.open(nc);
-const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: ["default", "chat"] });
-const pushes = await PushCollector.start(infra.nats.url);
-const worker = await spawnWorker(infra.env);
+const stack = await startStack({ env: { JETGATE_LEASE_MS: "1000", JETGATE_DUPLICATE_WINDOW_S: "1" }, lanes: ["default", "chat"] });
+const pushes = await PushCollector.start(stack.infra.nats.url);
 after(async () => {
-  await worker.kill();
-  dispatcher.close();
   await pushes.close();
-  await registry.close();
-  await nc.close();
-  await infra.dispose();
+  await stack.dispose();
 });
-await waitFor("worker owns both shards", async () => (await worker.metric("jetgate_worker_lease_held")) === 2);
+const { infra, registry, dispatcher } = stack;
+const worker = stack.worker!;
 
 const one = (user: string, id: string, lane = "default") =>
   dispatcher.dispatch({ dispatch_id: id, message_id: id, lane, recipients: [user], body: new TextEncoder().encode(id) });
