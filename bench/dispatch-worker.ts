@@ -11,6 +11,7 @@
  */
 import { parseArgs } from "node:util";
 import { cpus } from "node:os";
+import { readFileSync } from "node:fs";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Dispatcher, RegistryClient } from "../protocol/index.js";
@@ -30,6 +31,13 @@ const entries = Number(values.entries);
 const users = Array.from({ length: Number(values.users) }, (_, i) => `user${i}`);
 const perCall = Number(values.recipients);
 const body = new Uint8Array(100);
+
+/** CPU seconds a process has used (Linux /proc). */
+function cpuSeconds(pid: number): number {
+  const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+  return (Number(f[11]) + Number(f[12])) / 100;
+}
+const us = (cpuS: number, n: number) => Number(((cpuS / n) * 1e6).toFixed(1));
 
 function report(phase: string, data: Record<string, number | string>): void {
   if (values.json) console.log(JSON.stringify({ bench: "dispatch-worker", phase, ...data }));
@@ -76,16 +84,33 @@ try {
   const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], ackTimeoutMs: 5000 });
   console.error(`machine: ${cpus().length} cores, ${cpus()[0]?.model}; node ${process.version}; entries ${entries}, users ${users.length}, recipients per call ${perCall}, shards ${values.shards}`);
 
+  const natsPid = infra.nats.pid!;
+  const redisPid = infra.redis.pid!;
+  const self0 = process.cpuUsage();
+  const nats0 = cpuSeconds(natsPid);
   const secs = await dispatchAll(d, "a", entries);
-  report("dispatch", { entries, seconds: secs.toFixed(2), entries_per_s: Math.round(entries / secs), retries: d.stats.retries });
+  const self = process.cpuUsage(self0);
+  report("dispatch", {
+    entries, seconds: secs.toFixed(2), entries_per_s: Math.round(entries / secs), retries: d.stats.retries,
+    dispatcher_cpu_us_per_entry: us((self.user + self.system) / 1e6, entries), nats_cpu_us_per_entry: us(cpuSeconds(natsPid) - nats0, entries),
+  });
 
   // Drain: one worker takes all shards and works off the backlog.
   const drainStart = performance.now();
   worker = await spawnWorker(infra.env, { JETGATE_WORKER_ID: "bench" });
   await waitFor("worker owns every shard", async () => (await worker!.metric("jetgate_worker_lease_held")) === Number(values.shards), { timeoutMs: 30_000 });
+  const w0 = cpuSeconds(worker.pid);
+  const r0 = cpuSeconds(redisPid);
+  const n0 = cpuSeconds(natsPid);
+  const p0 = await worker.metric("jetgate_worker_entries_processed_total");
   await waitFor("backlog drained", async () => (await worker!.metric("jetgate_worker_entries_processed_total")) >= entries, { timeoutMs: 600_000, intervalMs: 200 });
   const drainSecs = (performance.now() - drainStart) / 1000;
-  report("drain", { entries, seconds: drainSecs.toFixed(2), entries_per_s: Math.round(entries / drainSecs) });
+  const drained = entries - p0;
+  report("drain", {
+    entries, seconds: drainSecs.toFixed(2), entries_per_s: Math.round(entries / drainSecs),
+    worker_cpu_us_per_entry: us(cpuSeconds(worker.pid) - w0, drained), redis_cpu_us_per_entry: us(cpuSeconds(redisPid) - r0, drained),
+    nats_cpu_us_per_entry: us(cpuSeconds(natsPid) - n0, drained),
+  });
 
   // Live: dispatch while the worker runs.
   const before = await worker.metric("jetgate_worker_entries_processed_total");

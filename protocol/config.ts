@@ -200,11 +200,15 @@ export interface Config extends Omit<Env, "JETGATE_CURSOR_KEYS"> {
   JETGATE_CURSOR_KEYS: Uint8Array[];
 }
 
+/** Which process reads the config: production secrets are required only where they are used. */
+export type ConfigRole = "gateway" | "worker" | "tool";
+
 /**
  * Parses the environment. Unknown JETGATE_* variables are reported too: a typo should not
- * silently leave a default in place.
+ * silently leave a default in place. With JETGATE_ENV=production a gateway must have real JWT and
+ * cursor keys; workers and tools (the CLI) never use them.
  */
-export function loadConfig(env: Record<string, string | undefined> = process.env): Config {
+export function loadConfig(env: Record<string, string | undefined> = process.env, role: ConfigRole = "gateway"): Config {
   const problems: string[] = [];
   const known = new Set<string>(ENV_VARS);
   for (const name of Object.keys(env)) {
@@ -220,8 +224,8 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
   if (parsed.success) {
     const c = parsed.data;
     if (c.JETGATE_ENV === "production") {
-      if (c.JETGATE_CURSOR_KEYS === undefined) problems.push("JETGATE_CURSOR_KEYS: required when JETGATE_ENV=production");
-      if (c.JETGATE_JWT_SECRET === undefined && c.JETGATE_JWT_PUBLIC_KEYS_FILE === undefined) {
+      if (role === "gateway" && c.JETGATE_CURSOR_KEYS === undefined) problems.push("JETGATE_CURSOR_KEYS: required when JETGATE_ENV=production");
+      if (role === "gateway" && c.JETGATE_JWT_SECRET === undefined && c.JETGATE_JWT_PUBLIC_KEYS_FILE === undefined) {
         problems.push("JETGATE_JWT_PUBLIC_KEYS_FILE: required when JETGATE_ENV=production (or JETGATE_JWT_SECRET)");
       }
       if (c.JETGATE_FAULT_EXIT_AFTER !== "") problems.push("JETGATE_FAULT_EXIT_AFTER: test-only; refused when JETGATE_ENV=production");

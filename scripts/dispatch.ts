@@ -15,7 +15,7 @@ async function main(): Promise<number> {
     console.error("usage: npm run dispatch -- --to <user>[,<user>...] --text <text> [--lane <lane>]");
     return 64;
   }
-  const config = loadConfig();
+  const config = loadConfig(process.env, "tool");
   const nc = await connectNats(config, "jetgate-dispatch");
   const registry = await RegistryClient.open(nc);
   const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: config.JETGATE_LANES, ackTimeoutMs: 2000, attempts: 3 });

@@ -34,7 +34,7 @@ export async function cli(argv: string[], out: (line: string) => void = console.
   });
   const env = { ...process.env };
   if (values.shards !== undefined) env.JETGATE_SHARDS = values.shards;
-  const config = loadConfig(env);
+  const config = loadConfig(env, "tool");
   const nc = await connectNats(config, "jetgate-cli");
   try {
     if (command === "init") {

@@ -11,7 +11,7 @@ import { Worker } from "./worker.js";
 import { startWorkerHttp } from "./http.js";
 
 export async function runWorker(env: Record<string, string | undefined> = process.env): Promise<void> {
-  const config = loadConfig(env);
+  const config = loadConfig(env, "worker");
   const workerId = config.JETGATE_WORKER_ID ?? `${hostname()}-${process.pid}`;
   const log = pino({ level: config.JETGATE_LOG_LEVEL, base: { component: "worker", worker: workerId } });
   const nc = await connectNats(config, `jetgate-worker-${workerId}`);

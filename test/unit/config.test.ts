@@ -67,6 +67,12 @@ test("config - all problems are reported at once", () => {
   assert.equal(p.length, 3, JSON.stringify(p));
 });
 
+test("config - production secrets are required of gateways only: workers and the CLI never use them", () => {
+  assert.equal(loadConfig({ JETGATE_ENV: "production" }, "worker").JETGATE_ENV, "production");
+  assert.equal(loadConfig({ JETGATE_ENV: "production" }, "tool").JETGATE_ENV, "production");
+  assert.throws(() => loadConfig({ JETGATE_ENV: "production" }, "gateway"), ConfigError);
+});
+
 test("config - production with its secrets set is accepted", () => {
   const c = loadConfig({ JETGATE_ENV: "production", JETGATE_CURSOR_KEYS: key, JETGATE_JWT_SECRET: "s" });
   assert.equal(c.JETGATE_CURSOR_KEYS.length, 1);

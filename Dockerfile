@@ -1,0 +1,26 @@
+# jetgate: one image for gateway, worker and the jetgate CLI (the chart picks the command).
+# Debian bookworm (glibc 2.36): the uWebSockets.js build installed by package.json targets it.
+
+FROM node:20-bookworm-slim AS build
+WORKDIR /app
+COPY package.json package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY tsconfig.json tsconfig.build.json ./
+COPY protocol ./protocol
+COPY gateway ./gateway
+COPY worker ./worker
+COPY client ./client
+RUN npm run build && npm ci --omit=dev --no-audit --no-fund
+
+FROM node:20-bookworm-slim
+ENV NODE_ENV=production JETGATE_ENV=production
+WORKDIR /app
+COPY --from=build --chown=root:root /app/node_modules ./node_modules
+COPY --from=build --chown=root:root /app/dist ./dist
+COPY --chown=root:root package.json ./
+COPY --chown=root:root bin ./bin
+# The files belong to root and are read-only to the process; it runs as the image's `node` user.
+USER node
+EXPOSE 8080 9091
+ENTRYPOINT ["node"]
+CMD ["dist/gateway/main.js"]
