@@ -49,7 +49,7 @@ test("browser - the demo page connects, receives entries, and resumes without lo
     await dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: ["web1"], body: new TextEncoder().encode(`hello ${id}`) });
   };
   for (const id of ["w1", "w2", "w3"]) await send(id);
-  await waitFor("three entries on the page", async () => (await ids()).length === 3);
+  await waitFor("three entries on the page", async () => (await ids()).length === 3, { timeoutMs: 30_000 });
   assert.match(await page.evaluate(() => document.querySelector("#entries li")!.textContent!), /hello w3/);
 
   // the gateway process goes away (drain) and a new one comes up on the same port

@@ -1,7 +1,9 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
+import { headers } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
-  RedisKeys, composeSeq, decodeCacheRecord, seqKey, seqOffset, type Push,
+  RedisKeys, composeSeq, encodeStoredEntry, entrySubject, halfRange, loadConfig, newLogId, shardStream, shardStreamConfig, splitShard, userHash, decodeCacheRecord, seqKey, seqOffset, type Push,
 } from "../../protocol/index.js";
 import { applyEntry } from "../../worker/mailbox-script.js";
 import { startStack, PushCollector, redisClient, DispatchLoad } from "../harness/stack.js";
@@ -129,6 +131,33 @@ test("worker - Redis FLUSHALL while it runs: it keeps going, no push is lost, ca
   await waitFor("lease taken again", async () => (await r.exists(keys.lease(0))) === 1 && (await r.exists(keys.lease(1))) === 1);
   assert.deepEqual([...registry.state.shards.values()].map((s) => s.epoch), epochsBefore, "no takeover: the worker kept its shards");
   r.disconnect();
+});
+
+test("worker - after a split, an entry published to the parent for a moved user is forwarded to the child, same Nats-Msg-Id", async () => {
+  const jsm = await jetstreamManager(stack.nc);
+  const parent = registry.state.shards.get(1)!;
+  const upper = halfRange(parent.range, true);
+  const moved = Array.from({ length: 400 }, (_, i) => `mv${i}`).find((u) => userHash(u) >= upper.lo && userHash(u) <= upper.hi)!;
+  const cut = (await jsm.streams.info(shardStream(1))).state.last_seq;
+  const childLog = newLogId();
+  await registry.update((st) => {
+    const [p, c] = splitShard(st.shards.get(1)!, { child: 2, childLog, moved: upper, cutOffset: cut });
+    return { v: 1, op: "split", at: Date.now(), by: "test", shards: [p, c] };
+  });
+  await jsm.streams.add(shardStreamConfig(2, childLog, loadConfig(infra.env)));
+  await waitFor("the worker runs parent and child", async () =>
+    (await worker.metric("jetgate_worker_lease_held", { shard: "1" })) === 1 && (await worker.metric("jetgate_worker_lease_held", { shard: "2" })) === 1 &&
+    registry.state.shards.get(1)!.epoch > parent.epoch, { timeoutMs: 15_000 });
+  // a producer that has not seen the split yet publishes to the parent
+  const h = headers();
+  h.set("Nats-Msg-Id", `fwd1:${moved}`);
+  await jetstream(stack.nc).publish(entrySubject(1, moved, "default"), encodeStoredEntry({ id: "fwd1", d: "fwd1", ts: Date.now(), b: new Uint8Array(1) }), { headers: h });
+  const p = await waitFor("the forwarded entry pushed by the child", () => pushes.pushes.find((x) => x.push.entry.id === "fwd1"), { timeoutMs: 15_000 });
+  assert.equal(p.user, moved);
+  assert.equal(p.push.shard, 2, "pushed by the child, not the parent");
+  assert.ok((await worker.metric("jetgate_worker_forwarded_total", { shard: "1" })) >= 1);
+  const copy = await jsm.streams.getMessage(shardStream(2), { last_by_subj: entrySubject(2, moved, "default") });
+  assert.equal(copy?.header.get("Nats-Msg-Id"), `fwd1:${moved}`, "the same Nats-Msg-Id, so a repeated forward is deduplicated");
 });
 
 test("worker - health, readiness and metrics endpoints", async () => {
