@@ -24,9 +24,4 @@ export class AckStore {
   async store(user: string, device: string, seq: MailboxSeq): Promise<void> {
     await this.redis.jgAckStore(this.keys.deviceAck(user, device), seqKey(seq), this.ttlS);
   }
-
-  async get(user: string, device: string): Promise<MailboxSeq | undefined> {
-    const v = await this.redis.get(this.keys.deviceAck(user, device));
-    return v === null ? undefined : BigInt(v);
-  }
 }

@@ -32,13 +32,22 @@ const DRAIN_WAVES = 10;
 export async function runGateway(env: Record<string, string | undefined> = process.env): Promise<void> {
   const config = loadConfig(env);
   const gatewayId = config.JETGATE_GATEWAY_ID ?? `gw-${randomBytes(6).toString("hex")}`;
+  // Last words for anything that escaped a handler: the process exits (the platform restarts it),
+  // but the log says why.
+  process.on("unhandledRejection", (err) => {
+    console.error(JSON.stringify({ level: 60, component: "gateway", msg: "unhandled rejection", err: String((err as Error)?.stack ?? err) }));
+    process.exit(1);
+  });
   const log = pino({ level: config.JETGATE_LOG_LEVEL, base: { component: "gateway", gateway: gatewayId } });
   const { uws, native } = loadUws(config.JETGATE_ALLOW_UWS_FALLBACK);
   if (!native) log.warn("running on the pure-JS uWebSockets.js fallback (JETGATE_ALLOW_UWS_FALLBACK=true): expect a fraction of the native capacity");
   const nc = await connectNats(config, `jetgate-gateway-${gatewayId}`);
   const redis = connectRedis(config, `jetgate-gateway-${gatewayId}`);
   redis.on("error", (err: Error) => log.warn({ err: err.message }, "redis error"));
-  const registry = await RegistryClient.open(nc, { onBadRecord: (seq, err) => log.error({ seq, err }, "skipping a bad registry record") });
+  const registry = await RegistryClient.open(nc, {
+    onBadRecord: (seq, err) => log.error({ seq, err }, "skipping a bad registry record"),
+    onFollowError: (err) => log.warn({ err: (err as Error).message }, "following the registry failed; resuming"),
+  });
   const keys = new RedisKeys(config.JETGATE_REDIS_PREFIX);
   const metrics = new GatewayMetrics();
   const sessions = new SessionRegistry(nc, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log);

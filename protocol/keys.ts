@@ -52,7 +52,3 @@ export class RedisKeys {
 export function seqKey(seq: bigint): string {
   return seq.toString().padStart(20, "0");
 }
-
-export function parseSeqKey(s: string): bigint {
-  return BigInt(s);
-}

@@ -35,6 +35,8 @@ export type RegistryListener = (state: RegistryState) => void;
 export interface RegistryClientOptions {
   /** Called for a record that fails validation; it is skipped. */
   onBadRecord?: (seq: number, err: unknown) => void;
+  /** Called when following the stream failed; the client resumes after the last record it applied. */
+  onFollowError?: (err: unknown) => void;
   /** How long `open` waits to catch up with the stream. */
   loadTimeoutMs?: number;
 }
@@ -77,9 +79,7 @@ export class RegistryClient {
 
   private async start(): Promise<void> {
     const last = await this.head();
-    const consumer = await this.js.consumers.get(REGISTRY_STREAM, { deliver_policy: DeliverPolicy.All });
-    this.messages = await consumer.consume();
-    void this.follow(this.messages);
+    void this.follow();
     await this.waitFor(last, this.opts.loadTimeoutMs ?? 10_000);
   }
 
@@ -107,20 +107,45 @@ export class RegistryClient {
     return this.current;
   }
 
-  private async follow(messages: ConsumerMessages): Promise<void> {
-    for await (const m of messages) {
+  /**
+   * Follows the stream for the client's life. It never rejects: a failure (a consumer that could
+   * not be recreated, a dropped connection) is reported and following resumes after the last
+   * record applied, so a process is never left with a frozen registry or killed by it.
+   */
+  private async follow(): Promise<void> {
+    for (let attempt = 0; !this.closed; attempt++) {
       try {
-        const record = decodeRecord(m.data);
-        this.current = applyRecord(this.current, m.seq, record);
-        this.map = new ShardMap(this.current);
+        const from = this.current.seq;
+        const consumer = await this.js.consumers.get(
+          REGISTRY_STREAM,
+          from === 0 ? { deliver_policy: DeliverPolicy.All } : { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: from + 1 },
+        );
+        this.messages = await consumer.consume();
+        if (this.closed) await this.messages.close();
+        for await (const m of this.messages) {
+          attempt = 0;
+          this.apply(m.seq, m.data);
+        }
       } catch (err) {
-        // Skipped records still advance the position, so writers are not stuck behind them.
-        this.current = { ...this.current, seq: m.seq };
-        this.opts.onBadRecord?.(m.seq, err);
+        if (!this.closed) this.opts.onFollowError?.(err);
       }
-      this.settleWaiters();
-      for (const l of this.listeners) l(this.current);
+      if (!this.closed) await new Promise((r) => setTimeout(r, Math.min(100 * 2 ** Math.min(attempt, 5), 3000)));
     }
+  }
+
+  private apply(seq: number, data: Uint8Array): void {
+    if (seq <= this.current.seq) return; // already applied (a resumed consumer may repeat)
+    try {
+      const record = decodeRecord(data);
+      this.current = applyRecord(this.current, seq, record);
+      this.map = new ShardMap(this.current);
+    } catch (err) {
+      // Skipped records still advance the position, so writers are not stuck behind them.
+      this.current = { ...this.current, seq };
+      this.opts.onBadRecord?.(seq, err);
+    }
+    this.settleWaiters();
+    for (const l of this.listeners) l(this.current);
   }
 
   private settleWaiters(): void {
@@ -182,7 +207,7 @@ export class RegistryClient {
 
   async close(): Promise<void> {
     this.closed = true;
-    await this.messages?.close();
+    await this.messages?.close().catch(() => undefined);
   }
 }
 

@@ -11,7 +11,6 @@ import { JetgateError } from "./errors.js";
 import { HASH_SPACE, userHash } from "./hash.js";
 import { idSchema } from "./ids.js";
 import { composeSeq, MAX_EPOCH, MAX_OFFSET, U64_MAX, type MailboxSeq } from "./seq.js";
-import { shardStream } from "./subjects.js";
 
 export class RegistryError extends JetgateError {
   constructor(message: string, options?: { cause?: unknown }) {
@@ -241,10 +240,6 @@ export class ShardMap {
 export function ownsUser(shard: ShardState, user: string): boolean {
   const h = userHash(user);
   return shard.status === "active" && h >= shard.range.lo && h <= shard.range.hi;
-}
-
-export function shardStreamName(shard: ShardState): string {
-  return shardStream(shard.shard);
 }
 
 export interface SplitPlan {

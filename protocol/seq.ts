@@ -56,10 +56,6 @@ export function compareSeq(a: MailboxSeq, b: MailboxSeq): -1 | 0 | 1 {
   return a < b ? -1 : a > b ? 1 : 0;
 }
 
-export function maxSeq(a: MailboxSeq, b: MailboxSeq): MailboxSeq {
-  return a > b ? a : b;
-}
-
 /** 8-byte big-endian encoding: byte order equals numeric order. */
 export function encodeSeq(seq: MailboxSeq): Uint8Array {
   assertSeq(seq);

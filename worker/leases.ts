@@ -51,10 +51,6 @@ export class Leases {
     await this.redis.jgLeaseRelease(this.keys.lease(shard), this.owner);
   }
 
-  async holder(shard: number): Promise<string | null> {
-    return this.redis.get(this.keys.lease(shard));
-  }
-
   /** Records this worker as live for one lease period and returns every live worker, sorted. */
   async heartbeat(): Promise<string[]> {
     const now = Date.now();

@@ -13,11 +13,20 @@ import { startWorkerHttp } from "./http.js";
 export async function runWorker(env: Record<string, string | undefined> = process.env): Promise<void> {
   const config = loadConfig(env, "worker");
   const workerId = config.JETGATE_WORKER_ID ?? `${hostname()}-${process.pid}`;
+  // Last words for anything that escaped a handler: the process exits (the platform restarts it),
+  // but the log says why.
+  process.on("unhandledRejection", (err) => {
+    console.error(JSON.stringify({ level: 60, component: "worker", msg: "unhandled rejection", err: String((err as Error)?.stack ?? err) }));
+    process.exit(1);
+  });
   const log = pino({ level: config.JETGATE_LOG_LEVEL, base: { component: "worker", worker: workerId } });
   const nc = await connectNats(config, `jetgate-worker-${workerId}`);
   const redis = connectRedis(config, `jetgate-worker-${workerId}`);
   redis.on("error", (err: Error) => log.warn({ err: err.message }, "redis error"));
-  const registry = await RegistryClient.open(nc, { onBadRecord: (seq, err) => log.error({ seq, err }, "skipping a bad registry record") });
+  const registry = await RegistryClient.open(nc, {
+    onBadRecord: (seq, err) => log.error({ seq, err }, "skipping a bad registry record"),
+    onFollowError: (err) => log.warn({ err: (err as Error).message }, "following the registry failed; resuming"),
+  });
   const metrics = new WorkerMetrics();
   const worker = new Worker(
     { nc, redis, keys: new RedisKeys(config.JETGATE_REDIS_PREFIX), registry, metrics, log, workerId, config },

@@ -123,3 +123,22 @@ test("registry - seqs keep increasing across a bump in one stream and across a d
     await reg.close();
   }
 });
+
+test("registry - a follower keeps following across a nats-server SIGKILL and restart", async () => {
+  const follower = await RegistryClient.open(nc);
+  try {
+    const before = follower.state.seq;
+    await nats.kill();
+    await nats.start();
+    const writerNc = await connect({ servers: nats.url });
+    const writer = await RegistryClient.open(writerNc);
+    await writer.update((st) => ({ v: 1, op: "takeover", at: Date.now(), by: "t", shards: [bumpEpoch(st.shards.get(1)!, { cause: "takeover", start_offset: 1 })] }));
+    await follower.waitFor(writer.state.seq, 20_000);
+    assert.ok(follower.state.seq > before);
+    assert.equal(follower.state.shards.get(1)!.epoch, writer.state.shards.get(1)!.epoch);
+    await writer.close();
+    await writerNc.close();
+  } finally {
+    await follower.close();
+  }
+});

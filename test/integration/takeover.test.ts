@@ -114,6 +114,7 @@ test("takeover - a zombie whose epoch is superseded publishes nothing more for t
     const before = zombiePushes();
     a.proc.kill("SIGCONT");
     await sleep(2000);
+    assert.equal(a.proc.exitCode ?? a.proc.signalCode, null, `the zombie must survive being fenced:\n${a.output.slice(-30).join("\n")}`);
     await load.stop();
     assert.equal(zombiePushes(), before, "no push under the superseded epoch after the zombie woke up");
     assert.ok((await a.metric("jetgate_worker_fenced_total")) >= 1, "the zombie noticed it was fenced");
