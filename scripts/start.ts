@@ -3,7 +3,7 @@
  *
  * 1. nats-server (JetStream) and redis-server: used when reachable at JETGATE_NATS_URL /
  *    JETGATE_REDIS_URL, else started as child processes with their data in a temp dir (installed with
- *    apt-get when missing and we may: root, apt-get present, JETGATE_START_INSTALL not "no").
+ *    apt-get when missing and we may: root, apt-get present, JETGATE_START_INSTALL not false).
  * 2. `registry init`, one worker, one gateway (child processes).
  * 3. A demo device (the SDK, in this process) for user `demo`, printing every entry it receives.
  * Ctrl-C stops everything. Send it entries with `npm run dispatch -- --to demo --text hello`.
@@ -43,10 +43,10 @@ function which(bin: string, extra: string[] = []): string | undefined {
   return undefined;
 }
 
-function ensureInstalled(bin: string, pkg: string, extra: string[] = []): string {
+function ensureInstalled(bin: string, pkg: string, allowed: boolean, extra: string[] = []): string {
   const found = which(bin, extra);
   if (found) return found;
-  const mayInstall = process.getuid?.() === 0 && which("apt-get") !== undefined && process.env.JETGATE_START_INSTALL !== "no";
+  const mayInstall = allowed && process.getuid?.() === 0 && which("apt-get") !== undefined;
   if (!mayInstall) {
     throw new Error(`${bin} is not installed and not reachable. Install it (Debian/Ubuntu: sudo apt-get install -y ${pkg}) or point ${bin === "redis-server" ? "JETGATE_REDIS_URL" : "JETGATE_NATS_URL"} at a running one.`);
   }
@@ -88,14 +88,14 @@ async function infrastructure(config: Config, dir: string): Promise<void> {
   const redisPort = Number(redis.port || 6379);
   if (await reachable(nats.hostname, natsPort)) say(`using NATS at ${nats.host}`);
   else {
-    const bin = ensureInstalled("nats-server", "nats-server", ["/usr/sbin/nats-server"]);
+    const bin = ensureInstalled("nats-server", "nats-server", config.JETGATE_START_INSTALL, ["/usr/sbin/nats-server"]);
     say(`starting nats-server (JetStream) on ${natsPort}, data in ${dir}`);
     child("nats", bin, ["-a", nats.hostname, "-p", String(natsPort), "-js", "-sd", join(dir, "nats")], process.env);
     await waitUntil("nats-server", () => reachable(nats.hostname, natsPort));
   }
   if (await reachable(redis.hostname, redisPort)) say(`using Redis at ${redis.host}`);
   else {
-    const bin = ensureInstalled("redis-server", "redis-server");
+    const bin = ensureInstalled("redis-server", "redis-server", config.JETGATE_START_INSTALL);
     say(`starting redis-server on ${redisPort}`);
     child("redis", bin, ["--port", String(redisPort), "--bind", redis.hostname, "--dir", dir, "--save", "", "--appendonly", "no"], process.env);
     await waitUntil("redis-server", () => reachable(redis.hostname, redisPort));
@@ -107,7 +107,6 @@ let stopping = false;
 async function main(): Promise<void> {
   const { values } = parseArgs({ options: { "state-dir": { type: "string", default: join(ROOT, ".jetgate") } }, strict: true });
   const env: NodeJS.ProcessEnv = { JETGATE_LOG_LEVEL: "warn", JETGATE_DEMO_DIR: join(ROOT, "client", "demo"), ...process.env };
-  delete env.JETGATE_START_INSTALL;
   const config = loadConfig(env);
   const dir = mkdtempSync(join(tmpdir(), "jetgate-start-"));
   const demo: { client?: JetgateClient } = {};
