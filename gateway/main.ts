@@ -15,6 +15,7 @@ import {
   connectNats,
   connectRedis,
   cursorSigner,
+  exitOnUnhandledRejection,
   loadConfig,
 } from "../protocol/index.js";
 import { AckStore } from "./acks.js";
@@ -32,12 +33,7 @@ const DRAIN_WAVES = 10;
 export async function runGateway(env: Record<string, string | undefined> = process.env): Promise<void> {
   const config = loadConfig(env);
   const gatewayId = config.JETGATE_GATEWAY_ID ?? `gw-${randomBytes(6).toString("hex")}`;
-  // Last words for anything that escaped a handler: the process exits (the platform restarts it),
-  // but the log says why.
-  process.on("unhandledRejection", (err) => {
-    console.error(JSON.stringify({ level: 60, component: "gateway", msg: "unhandled rejection", err: String((err as Error)?.stack ?? err) }));
-    process.exit(1);
-  });
+  exitOnUnhandledRejection("gateway");
   const log = pino({ level: config.JETGATE_LOG_LEVEL, base: { component: "gateway", gateway: gatewayId } });
   const { uws, native } = loadUws(config.JETGATE_ALLOW_UWS_FALLBACK);
   if (!native) log.warn("running on the pure-JS uWebSockets.js fallback (JETGATE_ALLOW_UWS_FALLBACK=true): expect a fraction of the native capacity");

@@ -16,3 +16,4 @@ export * from "./entry.js";
 export * from "./dispatch.js";
 export * from "./connect.js";
 export * from "./keys.js";
+export * from "./process.js";

@@ -5,7 +5,7 @@
 import { hostname } from "node:os";
 import type { AddressInfo } from "node:net";
 import { pino } from "pino";
-import { ConfigError, RedisKeys, RegistryClient, connectNats, connectRedis, loadConfig } from "../protocol/index.js";
+import { ConfigError, RedisKeys, RegistryClient, connectNats, connectRedis, exitOnUnhandledRejection, loadConfig } from "../protocol/index.js";
 import { WorkerMetrics } from "./metrics.js";
 import { Worker } from "./worker.js";
 import { startWorkerHttp } from "./http.js";
@@ -13,12 +13,7 @@ import { startWorkerHttp } from "./http.js";
 export async function runWorker(env: Record<string, string | undefined> = process.env): Promise<void> {
   const config = loadConfig(env, "worker");
   const workerId = config.JETGATE_WORKER_ID ?? `${hostname()}-${process.pid}`;
-  // Last words for anything that escaped a handler: the process exits (the platform restarts it),
-  // but the log says why.
-  process.on("unhandledRejection", (err) => {
-    console.error(JSON.stringify({ level: 60, component: "worker", msg: "unhandled rejection", err: String((err as Error)?.stack ?? err) }));
-    process.exit(1);
-  });
+  exitOnUnhandledRejection("worker");
   const log = pino({ level: config.JETGATE_LOG_LEVEL, base: { component: "worker", worker: workerId } });
   const nc = await connectNats(config, `jetgate-worker-${workerId}`);
   const redis = connectRedis(config, `jetgate-worker-${workerId}`);
