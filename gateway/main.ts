@@ -8,7 +8,6 @@ import { pino } from "pino";
 import { jetstream } from "@nats-io/jetstream";
 import {
   CloseCode,
-  ConfigError,
   Dispatcher,
   RedisKeys,
   RegistryClient,
@@ -17,6 +16,9 @@ import {
   cursorSigner,
   exitOnUnhandledRejection,
   loadConfig,
+  onShutdownSignal,
+  registryLogging,
+  runAsMain,
 } from "../protocol/index.js";
 import { AckStore } from "./acks.js";
 import type { GatewayContext } from "./context.js";
@@ -40,10 +42,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   const nc = await connectNats(config, `jetgate-gateway-${gatewayId}`);
   const redis = connectRedis(config, `jetgate-gateway-${gatewayId}`);
   redis.on("error", (err: Error) => log.warn({ err: err.message }, "redis error"));
-  const registry = await RegistryClient.open(nc, {
-    onBadRecord: (seq, err) => log.error({ seq, err }, "skipping a bad registry record"),
-    onFollowError: (err) => log.warn({ err: (err as Error).message }, "following the registry failed; resuming"),
-  });
+  const registry = await RegistryClient.open(nc, registryLogging(log));
   const keys = new RedisKeys(config.JETGATE_REDIS_PREFIX);
   const metrics = new GatewayMetrics();
   const sessions = new SessionRegistry(nc, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log);
@@ -77,7 +76,6 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   log.info({ port: server.port, native }, "gateway listening");
 
   const shutdown = (signal: string) => {
-    if (draining) return;
     draining = true;
     server.refuseUpgrades();
     const all = [...sessions.all];
@@ -102,13 +100,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       process.exit(0);
     })();
   };
-  process.on("SIGTERM", () => shutdown("SIGTERM"));
-  process.on("SIGINT", () => shutdown("SIGINT"));
+  onShutdownSignal(shutdown);
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) {
-  runGateway().catch((err: unknown) => {
-    console.error(err instanceof ConfigError ? err.message : err);
-    process.exit(1);
-  });
-}
+runAsMain(import.meta.url, () => runGateway());

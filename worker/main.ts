@@ -5,7 +5,17 @@
 import { hostname } from "node:os";
 import type { AddressInfo } from "node:net";
 import { pino } from "pino";
-import { ConfigError, RedisKeys, RegistryClient, connectNats, connectRedis, exitOnUnhandledRejection, loadConfig } from "../protocol/index.js";
+import {
+  RedisKeys,
+  RegistryClient,
+  connectNats,
+  connectRedis,
+  exitOnUnhandledRejection,
+  loadConfig,
+  onShutdownSignal,
+  registryLogging,
+  runAsMain,
+} from "../protocol/index.js";
 import { WorkerMetrics } from "./metrics.js";
 import { Worker } from "./worker.js";
 import { startWorkerHttp } from "./http.js";
@@ -18,10 +28,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
   const nc = await connectNats(config, `jetgate-worker-${workerId}`);
   const redis = connectRedis(config, `jetgate-worker-${workerId}`);
   redis.on("error", (err: Error) => log.warn({ err: err.message }, "redis error"));
-  const registry = await RegistryClient.open(nc, {
-    onBadRecord: (seq, err) => log.error({ seq, err }, "skipping a bad registry record"),
-    onFollowError: (err) => log.warn({ err: (err as Error).message }, "following the registry failed; resuming"),
-  });
+  const registry = await RegistryClient.open(nc, registryLogging(log));
   const metrics = new WorkerMetrics();
   const worker = new Worker(
     { nc, redis, keys: new RedisKeys(config.JETGATE_REDIS_PREFIX), registry, metrics, log, workerId, config },
@@ -40,10 +47,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
   log.info({ port: (http.address() as AddressInfo).port }, "worker http listening");
   worker.start();
 
-  let stopping = false;
   const shutdown = (signal: string) => {
-    if (stopping) return;
-    stopping = true;
     log.info({ signal }, "stopping: finishing batches, releasing leases");
     void (async () => {
       await worker.stop();
@@ -55,13 +59,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
       process.exit(0);
     })();
   };
-  process.on("SIGTERM", () => shutdown("SIGTERM"));
-  process.on("SIGINT", () => shutdown("SIGINT"));
+  onShutdownSignal(shutdown);
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) {
-  runWorker().catch((err: unknown) => {
-    console.error(err instanceof ConfigError ? err.message : err);
-    process.exit(1);
-  });
-}
+runAsMain(import.meta.url, () => runWorker());
