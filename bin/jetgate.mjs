@@ -14,7 +14,9 @@ mod.cli(process.argv.slice(2)).then(
     if (code >= 0) process.exit(code);
   },
   (err) => {
-    console.error(err?.name === "ConfigError" || err?.name === "UsageError" ? err.message : err);
-    process.exit(err?.name === "UsageError" ? 64 : 1);
+    const known = ["ConfigError", "UsageError", "OperationError"].includes(err?.name);
+    console.error(known ? err.message : err);
+    // 64: bad usage (EX_USAGE); 2: the operation was refused or cannot go on; 1: anything else
+    process.exit(err?.name === "UsageError" ? 64 : err?.name === "OperationError" ? 2 : 1);
   },
 );

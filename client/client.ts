@@ -61,8 +61,11 @@ export class SessionReplacedError extends JetgateClientError {
 }
 
 export interface ClientOptions {
-  /** ws(s)://host:port/v1/ws */
-  url: string;
+  /**
+   * ws(s)://host:port/v1/ws, or several gateways: the client starts at a random one and moves to
+   * the next after each failed attempt (a load balancer in front does the same job).
+   */
+  url: string | readonly string[];
   device: string;
   /** Called before every connection attempt: return a fresh device JWT. */
   token: () => string | Promise<string>;
@@ -129,6 +132,8 @@ function randomId(): string {
 }
 
 export class JetgateClient {
+  /** Where in `url` (a list) this client starts. */
+  private readonly urlBase = Math.floor(Math.random() * 1024);
   readonly stats: ClientStats = { applied: 0, duplicatesDropped: 0, gapsFilled: 0, reconnects: 0, rebases: 0, handlerErrors: 0, mailboxSeqRegressionCount: 0 };
   private stateValue: ClientState = { type: "idle" };
   private readonly store: CursorStore;
@@ -235,7 +240,8 @@ export class JetgateClient {
     }
     // The app may have closed while the token was fetched.
     if ((this.stateValue as ClientState).type === "closed") return;
-    const ws = new this.WS(this.opts.url);
+    const urls = typeof this.opts.url === "string" ? [this.opts.url] : this.opts.url;
+    const ws = new this.WS(urls[(this.urlBase + this.attempt) % urls.length]!);
     this.ws = ws;
     ws.binaryType = "arraybuffer";
     ws.onopen = () => {

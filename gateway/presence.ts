@@ -1,7 +1,10 @@
 /**
  * One live session per (user, device): the newest AUTH wins. Presence is a Redis key per device
- * holding `<gateway>/<session>`; claiming it returns the previous holder, which is kicked with 4409
- * (directly when it is on this gateway, over NATS `jetgate.kick.<gateway>` when elsewhere).
+ * holding `<gateway>/<session>/<auth ms>`; claiming it returns the previous holder, which is kicked
+ * with 4409 (directly when it is on this gateway, over NATS `jetgate.kick.<gateway>` when elsewhere).
+ * "Newest" is by the time the AUTH arrived, not by when the claim reached Redis: a claim delayed
+ * behind a Redis outage must not kick the session that replaced it (the fault suite found this).
+ * Such a late claim leaves the key alone and its own session is the one replaced.
  * Presence is soft state: after a Redis flush a replaced session on another gateway is not kicked
  * until it reconnects; sessions of one device on one gateway are always replaced.
  */
@@ -10,8 +13,12 @@ import type { RedisClient, RedisKeys } from "../protocol/index.js";
 
 const CLAIM_LUA = `
 local prev = redis.call('GET', KEYS[1])
+if prev then
+  local at = tonumber(string.match(prev, '/(%d+)$'))
+  if at and at > tonumber(ARGV[3]) then return {0, prev} end
+end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-return prev
+return {1, prev or ''}
 `;
 const RELEASE_LUA = `
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -19,7 +26,7 @@ return 0
 `;
 
 type PresenceClient = RedisClient & {
-  jgPresenceClaim(key: string, value: string, ttl: number): Promise<string | null>;
+  jgPresenceClaim(key: string, value: string, ttl: number, at: number): Promise<[number, string]>;
   jgPresenceRelease(key: string, value: string): Promise<number>;
 };
 
@@ -59,19 +66,28 @@ export class Presence {
     });
   }
 
-  /** Records this session as the device's live one and kicks the previous holder. */
-  async claim(user: string, device: string, session: string): Promise<void> {
-    const prev = await this.redis.jgPresenceClaim(this.keys.presence(user, device), `${this.gatewayId}/${session}`, this.ttlS).catch(() => null);
-    if (prev === null || prev === `${this.gatewayId}/${session}`) return;
+  /**
+   * Records this session (AUTH at `at` ms) as the device's live one and kicks the previous holder.
+   * "superseded" when a session of the device that authenticated later holds it already. Redis
+   * being away is not an error: presence is soft state.
+   */
+  async claim(user: string, device: string, session: string, at: number): Promise<"claimed" | "superseded"> {
+    const value = `${this.gatewayId}/${session}/${at}`;
+    const got = await this.redis.jgPresenceClaim(this.keys.presence(user, device), value, this.ttlS, at).catch(() => null);
+    if (got === null) return "claimed";
+    const [won, prev] = got;
+    if (won === 0) return "superseded";
+    if (prev === "" || prev === value) return "claimed";
     const [gw, old] = prev.split("/") as [string, string | undefined];
-    if (old === undefined || !/^[A-Za-z0-9_-]{1,64}$/.test(gw)) return;
+    if (old === undefined || !/^[A-Za-z0-9_-]{1,64}$/.test(gw)) return "claimed";
     const kick: Kick = { user, device, session: old };
     if (gw === this.gatewayId) this.onKick(kick);
     else this.nc.publish(`jetgate.kick.${gw}`, JSON.stringify(kick));
+    return "claimed";
   }
 
-  async release(user: string, device: string, session: string): Promise<void> {
-    await this.redis.jgPresenceRelease(this.keys.presence(user, device), `${this.gatewayId}/${session}`);
+  async release(user: string, device: string, session: string, at: number): Promise<void> {
+    await this.redis.jgPresenceRelease(this.keys.presence(user, device), `${this.gatewayId}/${session}/${at}`);
   }
 
   stop(): void {

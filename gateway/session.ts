@@ -172,7 +172,7 @@ export class Session {
     if (this.user !== "") {
       this.ctx.sessions.remove(this);
       this.flushAck();
-      void this.ctx.presence.release(this.user, this.device, this.id).catch(() => undefined);
+      void this.ctx.presence.release(this.user, this.device, this.id, this.authAt).catch(() => undefined);
     }
   }
 
@@ -258,6 +258,8 @@ export class Session {
   }
 
   private pendingSteps = 0;
+  /** When the AUTH frame arrived (ms): of two sessions of one device, the later AUTH wins. */
+  authAt = 0;
 
   private get chainIdle(): boolean {
     return this.pendingSteps === 0;
@@ -266,6 +268,7 @@ export class Session {
   // ---- AUTH and catch-up ---------------------------------------------------------------------
 
   private async auth(frame: AuthFrame): Promise<void> {
+    this.authAt = Date.now();
     let claims;
     try {
       claims = await this.ctx.tokens.verify(frame.token);
@@ -289,8 +292,13 @@ export class Session {
     this.device = frame.device;
     this.lanes = frame.lanes ? new Set(frame.lanes) : undefined;
     this.expiryTimer = setTimeout(() => this.close(CloseCode.UNAUTHENTICATED, "token expired"), Math.max(0, claims.expiresAt - Date.now()));
-    await this.ctx.presence.claim(this.user, this.device, this.id);
+    if ((await this.ctx.presence.claim(this.user, this.device, this.id, this.authAt)) === "superseded") {
+      this.close(CloseCode.REPLACED, "a newer session of this device exists");
+      return;
+    }
+    if (this.closed) return;
     this.ctx.sessions.add(this);
+    if (this.closed) return; // a newer session of the device is here already
     clearTimeout(this.authTimer);
 
     const userShard = this.ctx.registry.shards.shardOf(this.user);

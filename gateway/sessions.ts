@@ -48,7 +48,13 @@ export class SessionRegistry {
   add(s: Session): void {
     const key = `${s.user}/${s.device}`;
     const older = this.byDevice.get(key);
-    if (older !== undefined && older !== s) older.close(CloseCode.REPLACED);
+    if (older !== undefined && older !== s) {
+      if (older.authAt > s.authAt) {
+        s.close(CloseCode.REPLACED, "a newer session of this device exists");
+        return;
+      }
+      older.close(CloseCode.REPLACED);
+    }
     this.byDevice.set(key, s);
     let u = this.users.get(s.user);
     if (u === undefined) {

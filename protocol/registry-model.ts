@@ -10,7 +10,7 @@ import { z } from "zod";
 import { JetgateError } from "./errors.js";
 import { HASH_SPACE, userHash } from "./hash.js";
 import { idSchema } from "./ids.js";
-import { composeSeq, MAX_EPOCH, MAX_OFFSET, U64_MAX, type MailboxSeq } from "./seq.js";
+import { composeSeq, MAX_EPOCH, MAX_OFFSET, seqEpoch, seqOffset, U64_MAX, type MailboxSeq } from "./seq.js";
 
 export class RegistryError extends JetgateError {
   constructor(message: string, options?: { cause?: unknown }) {
@@ -185,11 +185,18 @@ export interface EpochBump {
   log?: string;
   /** For a new log (E3, E4): the last offset of the old log, to record prev_end_seq. */
   prev_end_offset?: number;
+  /**
+   * How far the epoch rises (default 1). A failover to a copy whose registry may lag rises by a
+   * margin, so the new epoch is above any epoch the lost primary wrote after the copy's last record.
+   */
+  epochs?: number;
 }
 
-/** The shard with its epoch raised by one and the boundary of the new epoch appended. Pure. */
+/** The shard with its epoch raised (by one unless told) and the boundary of the new epoch appended. Pure. */
 export function bumpEpoch(shard: ShardState, bump: EpochBump): ShardState {
-  const next = shard.epoch + 1;
+  const step = bump.epochs ?? 1;
+  if (!Number.isInteger(step) || step < 1) throw new RegistryError(`epoch step must be a positive integer, got ${step}`);
+  const next = shard.epoch + step;
   if (next > MAX_EPOCH) throw new RegistryError(`shard ${shard.shard} has used all ${MAX_EPOCH} epochs`);
   const log = bump.log ?? shard.log;
   const current = shard.boundaries[shard.boundaries.length - 1]!;
@@ -290,4 +297,46 @@ export function splitShard(parent: ShardState, plan: SplitPlan): [ShardState, Sh
 export function halfRange(r: HashRange, upper: boolean): HashRange {
   const mid = r.lo + Math.floor((r.hi - r.lo) / 2);
   return upper ? { lo: mid + 1, hi: r.hi } : { lo: r.lo, hi: mid };
+}
+
+/**
+ * First offset a new owner must process: one past the ack floor of the shard's consumers, but
+ * never below a boundary written from an ack floor (takeover) or the start of the current log.
+ * A split boundary is written by an operator from the stream's last offset, so entries between the
+ * floor and the cut may still be unprocessed: they are processed, numbered by the older boundary.
+ */
+export function processingStart(shard: ShardState, ackFloor: number): number {
+  let lower = 1;
+  for (const b of shard.boundaries) {
+    if (b.log === shard.log && b.cause !== "split" && b.cause !== "merge") lower = Math.max(lower, b.start_offset);
+  }
+  return Math.max(ackFloor + 1, lower);
+}
+
+/**
+ * Whether the entry at `seq` for `user` in this shard's stream is the shard's own or must be
+ * forwarded: a user moved by a split stays the parent's up to split_at_seq (the cut).
+ */
+export function entryOwner(shard: ShardState, user: string, seq: MailboxSeq): "own" | "forward" {
+  const h = userHash(user);
+  if (h >= shard.range.lo && h <= shard.range.hi) return "own";
+  for (const s of shard.splits) {
+    if (s.parent === shard.shard && h >= s.range.lo && h <= s.range.hi && seq <= s.split_at_seq) return "own";
+  }
+  return "forward";
+}
+
+/**
+ * Where the parent's part of a split ends: its log and last offset (the cut). A child must not
+ * process anything before the parent has processed up to there, so that a moved user's entries
+ * reach watermarks and the hot cache in seq order. Undefined when the child has no split to wait
+ * for, or the parent has left that log since (rebuilt).
+ */
+export function parentCut(child: ShardState, parent: ShardState | undefined): { parent: number; log: string; offset: number } | undefined {
+  const split = child.splits.find((s) => s.child === child.shard);
+  if (split === undefined || parent === undefined || split.split_at_seq === 0n) return undefined;
+  const epochAt = seqEpoch(split.split_at_seq);
+  const b = [...parent.boundaries].reverse().find((x) => x.epoch <= epochAt);
+  if (b === undefined || b.log !== parent.log) return undefined;
+  return { parent: parent.shard, log: b.log, offset: Number(seqOffset(split.split_at_seq)) };
 }

@@ -4,17 +4,75 @@
  *
  *   jetgate registry init [--shards N]   create the registry, shard streams and INGRESS (idempotent)
  *   jetgate registry show                print every shard's range, epoch, log and boundaries
+ *   jetgate shard takeover|split|rebuild <id>   epoch operations (docs/operations.md)
+ *   jetgate replica setup --to <url> --source-api <prefix>   keep copies on a second deployment
+ *   jetgate failover --to <url>          make that deployment's copies the primary
  *   jetgate worker                       run a worker process
  */
 import { parseArgs } from "node:util";
 import { ConfigError, RegistryClient, connectNats, loadConfig, MAX_OFFSET } from "../protocol/index.js";
 import { initRegistry } from "./registry-init.js";
 import { runWorker } from "./main.js";
+import { OperationError, failover, rebuildShard, setupReplica, splitShardOp, takeoverShard, type OpsContext } from "./shard-ops.js";
 
 const USAGE = `usage:
   jetgate registry init [--shards N]
   jetgate registry show [--json]
+  jetgate shard takeover <id>
+  jetgate shard split <id> [--child N] [--lower]
+  jetgate shard rebuild <id>
+  jetgate replica setup --to <nats-url> --source-api <prefix>
+  jetgate failover --to <nats-url> [--epoch-margin N]
   jetgate worker`;
+
+function shardId(arg: string | undefined): number {
+  if (arg === undefined || !/^\d{1,9}$/.test(arg)) throw new UsageError(`shard id must be a non-negative integer, got ${arg ?? "nothing"}\n${USAGE}`);
+  return Number(arg);
+}
+
+function intFlag(name: string, v: string | undefined, fallback: number): number {
+  if (v === undefined) return fallback;
+  if (!/^\d{1,9}$/.test(v)) throw new UsageError(`--${name} must be a non-negative integer, got ${v}`);
+  return Number(v);
+}
+
+async function operate(argv: string[], out: (line: string) => void): Promise<number> {
+  const [group, command, ...rest] = argv;
+  const { values, positionals } = parseArgs({
+    args: group === "shard" ? rest : [command ?? "", ...rest].filter((x) => x !== ""),
+    options: {
+      child: { type: "string" }, lower: { type: "boolean", default: false },
+      to: { type: "string" }, "source-api": { type: "string" }, "epoch-margin": { type: "string" },
+    },
+    strict: true,
+    allowPositionals: true,
+  });
+  const config = loadConfig({ ...process.env }, "tool");
+  if ((group === "failover" || group === "replica") && values.to === undefined) throw new UsageError(`--to <nats-url> is required\n${USAGE}`);
+  // failover runs against the deployment taking over; everything else against the configured one
+  const nc = await connectNats(group === "failover" ? { ...config, JETGATE_NATS_URL: values.to!.split(",") } : config, "jetgate-cli");
+  const ctx: OpsContext = { nc, settings: config, by: "cli", out };
+  try {
+    if (group === "shard" && command === "takeover") await takeoverShard(ctx, shardId(positionals[0]));
+    else if (group === "shard" && command === "split") {
+      const child = values.child === undefined ? undefined : intFlag("child", values.child, 0);
+      await splitShardOp(ctx, shardId(positionals[0]), { ...(child !== undefined ? { child } : {}), lower: values.lower });
+    } else if (group === "shard" && command === "rebuild") await rebuildShard(ctx, shardId(positionals[0]));
+    else if (group === "replica" && command === "setup") {
+      if (values["source-api"] === undefined) throw new UsageError(`--source-api <prefix> is required (e.g. '$JS.primary.API')\n${USAGE}`);
+      const to = await connectNats({ ...config, JETGATE_NATS_URL: values.to!.split(",") }, "jetgate-cli-replica");
+      try {
+        await setupReplica(ctx, to, values["source-api"]);
+      } finally {
+        await to.close();
+      }
+    } else if (group === "failover" && positionals.length === 0) await failover(ctx, intFlag("epoch-margin", values["epoch-margin"], 100));
+    else throw new UsageError(USAGE);
+    return 0;
+  } finally {
+    await nc.close();
+  }
+}
 
 export class UsageError extends Error {
   override readonly name = "UsageError";
@@ -26,6 +84,7 @@ export async function cli(argv: string[], out: (line: string) => void = console.
     await runWorker();
     return -1; // keeps running
   }
+  if (group === "shard" || group === "replica" || group === "failover") return operate(argv, out);
   if (group !== "registry" || (command !== "init" && command !== "show")) throw new UsageError(USAGE);
   const { values } = parseArgs({
     args: rest,
@@ -76,8 +135,8 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       if (code >= 0) process.exit(code);
     },
     (err: unknown) => {
-      console.error(err instanceof ConfigError || err instanceof UsageError ? err.message : err);
-      process.exit(err instanceof UsageError ? 64 : 1);
+      console.error(err instanceof ConfigError || err instanceof UsageError || err instanceof OperationError ? err.message : err);
+      process.exit(err instanceof UsageError ? 64 : err instanceof OperationError ? 2 : 1);
     },
   );
 }

@@ -5,3 +5,4 @@ export { WorkerMetrics } from "./metrics.js";
 export { initRegistry, type InitReport } from "./registry-init.js";
 export { runWorker } from "./main.js";
 export { cli } from "./cli.js";
+export { takeoverShard, splitShardOp, rebuildShard, setupReplica, failover, OperationError, type OpsContext } from "./shard-ops.js";

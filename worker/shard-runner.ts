@@ -26,12 +26,16 @@ import {
   bumpEpoch,
   composeSeq,
   decodeStoredEntry,
+  deriveSeq,
+  entryOwner,
   encodePush,
   entrySubject,
   logOfStream,
-  ownsUser,
+  parentCut,
   parseEntrySubject,
+  processingStart,
   pushSubject,
+  seqEpoch,
   seqKey,
   shardStream,
   type Config,
@@ -86,6 +90,8 @@ export class ShardRunner {
   private loop: Promise<void> = Promise.resolve();
   private lastOffset = 0;
   private lastSeq = 0n;
+  /** Start of this runner's own boundary; offsets below it are numbered by older boundaries. */
+  private boundaryStart = 1;
   private readonly js: JetStreamClient;
   private readonly stream: string;
   private readonly label: { shard: string };
@@ -115,16 +121,18 @@ export class ShardRunner {
       const jsm = await jetstreamManager(this.d.nc);
       const taken = await this.takeover(jsm);
       if (taken === undefined) return;
-      const { epoch, startOffset } = taken;
+      const { epoch, startOffset, boundaryStart } = taken;
+      this.boundaryStart = boundaryStart;
       this.lastOffset = startOffset - 1;
-      this.lastSeq = startOffset > 1 ? composeSeq(epoch, startOffset - 1) : 0n;
       this.stateValue = { type: "running", epoch };
+      this.lastSeq = startOffset > 1 ? this.seqOf(epoch, startOffset - 1) : 0n;
       this.d.metrics.epoch.set(this.label, epoch);
       this.d.metrics.takeovers.inc(this.label);
       this.unsubscribe = this.d.registry.onChange((s) => {
         const cur = s.shards.get(this.shard);
         if (cur !== undefined && cur.epoch > epoch) this.fence(cur.epoch);
       });
+      if (!(await this.waitForParentCut(jsm, epoch))) return;
       const consumer = await this.js.consumers.get(this.stream, consumerName(epoch));
       this.messages = await consumer.consume({
         max_messages: this.d.config.JETGATE_WORKER_BATCH * 2,
@@ -138,7 +146,7 @@ export class ShardRunner {
     }
   }
 
-  private async takeover(jsm: JetStreamManager): Promise<{ epoch: number; startOffset: number } | undefined> {
+  private async takeover(jsm: JetStreamManager): Promise<{ epoch: number; startOffset: number; boundaryStart: number } | undefined> {
     const before = this.d.registry.state.shards.get(this.shard);
     if (before === undefined || before.status !== "active") {
       this.stateValue = { type: "stopped", reason: "shard is not active in the registry" };
@@ -153,13 +161,15 @@ export class ShardRunner {
     const consumers = await listWorkerConsumers(jsm, this.stream);
     const floor = Math.max(0, ...consumers.map((c) => c.ack_floor.stream_seq));
     const current = before.boundaries[before.boundaries.length - 1]!;
-    // Everything below the current boundary's start was acked before that boundary was written.
-    const startOffset = Math.max(floor + 1, current.start_offset);
+    // Consume from the floor; the new epoch starts at or above the current boundary (a split's cut
+    // may lie above the floor: what is between is processed under the parent's older epoch).
+    const startOffset = processingStart(before, floor);
+    const boundaryStart = Math.max(startOffset, current.start_offset);
     const written = await this.d.registry.update((state) => {
       const s = state.shards.get(this.shard);
       // Someone else bumped since we looked: they own it now.
       if (s === undefined || s.epoch !== before.epoch) return null;
-      return { v: 1, op: "takeover", at: Date.now(), by: this.d.workerId, shards: [bumpEpoch(s, { cause: "takeover", start_offset: startOffset })] };
+      return { v: 1, op: "takeover", at: Date.now(), by: this.d.workerId, shards: [bumpEpoch(s, { cause: "takeover", start_offset: boundaryStart })] };
     });
     if (written === null) {
       this.stateValue = { type: "stopped", reason: "lost the takeover race" };
@@ -178,7 +188,36 @@ export class ShardRunner {
     for (const c of consumers) {
       if (c.name !== consumerName(epoch)) await jsm.consumers.delete(this.stream, c.name).catch(() => undefined);
     }
-    return { epoch, startOffset };
+    return { epoch, startOffset, boundaryStart };
+  }
+
+  /** The seq of an offset of the current log: this epoch's from its boundary on, older ones below. */
+  private seqOf(epoch: number, offset: number): bigint {
+    if (offset >= this.boundaryStart) return composeSeq(epoch, offset);
+    const s = this.d.registry.state.shards.get(this.shard)!;
+    return deriveSeq(s, s.log, offset) ?? composeSeq(epoch, offset);
+  }
+
+  /**
+   * A split's child waits until its parent has processed every entry up to the cut, so that a moved
+   * user's entries enter watermarks and the hot cache in seq order (parent's first). False when
+   * the runner stopped meanwhile.
+   */
+  private async waitForParentCut(jsm: JetStreamManager, epoch: number): Promise<boolean> {
+    for (let attempt = 0; ; attempt++) {
+      if (!this.isCurrent(epoch)) return false;
+      const state = this.d.registry.state.shards;
+      const self = state.get(this.shard)!;
+      const cut = parentCut(self, state.get(self.splits.find((x) => x.child === this.shard)?.parent ?? -1));
+      if (cut === undefined) return true;
+      const consumers = await listWorkerConsumers(jsm, shardStream(cut.parent)).catch(() => []);
+      const info = await jsm.streams.info(shardStream(cut.parent)).catch(() => undefined);
+      const floor = Math.max(0, ...consumers.map((c) => c.ack_floor.stream_seq));
+      // Done when the parent's floor passed the cut, or retention already removed everything up to it.
+      if (floor >= cut.offset || (info !== undefined && info.state.first_seq > cut.offset)) return true;
+      if (attempt % 25 === 0) this.d.log.info({ shard: this.shard, parent: cut.parent, cut: cut.offset, floor }, "waiting for the parent to reach the split cut");
+      await new Promise((r) => setTimeout(r, 200));
+    }
   }
 
   private fence(newEpoch: number): void {
@@ -306,10 +345,10 @@ export class ShardRunner {
     const subj = parseEntrySubject(m.subject);
     try {
       if (subj === undefined || subj.shard !== this.shard) throw new Error(`unexpected subject ${m.subject}`);
+      const seq = this.seqOf(epoch, m.seq);
       // Before any split every entry of a shard's stream is its own; only then is the hash worth it.
-      if (shardState.splits.length > 0 && !ownsUser(shardState, subj.user)) return "forward";
+      if (shardState.splits.length > 0 && entryOwner(shardState, subj.user, seq) === "forward") return "forward";
       const body = decodeStoredEntry(m.data);
-      const seq = composeSeq(epoch, m.seq);
       if (seq <= this.lastSeq) this.d.metrics.regressions.inc({ component: "worker" });
       this.lastSeq = seq;
       return { msg: m, user: subj.user, lane: subj.lane, seq, id: body.id, dispatch: body.d, ts: body.ts, b: body.b };
@@ -339,7 +378,7 @@ export class ShardRunner {
               lane: it.lane,
               seq20: seqKey(it.seq),
               seqMinus1_20: seqKey(it.seq - 1n),
-              streamId: `${epoch}-${it.msg.seq}`,
+              streamId: `${seqEpoch(it.seq)}-${it.msg.seq}`,
               body: it.msg.data,
               hotCacheMaxLen: c.JETGATE_HOT_CACHE_MAXLEN,
               hotCacheTtlS: c.JETGATE_HOT_CACHE_TTL_S,

@@ -4,7 +4,7 @@
  * test process exits, even after a failure.
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync, readFileSync, existsSync } from "node:fs";
+import { mkdtempSync, rmSync, readFileSync, existsSync, writeFileSync } from "node:fs";
 import { createServer, createConnection } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -142,6 +142,10 @@ export interface NatsOptions {
   jetstream?: boolean;
   /** Extra nats-server arguments (auth, TLS, cluster routes). */
   args?: string[];
+  /** A config file's text (JetStream domain, leafnodes, cluster); flags still set ports and store. */
+  config?: string;
+  /** Fixed client port (a cluster's routes name each other's ports up front). */
+  port?: number;
 }
 
 export class NatsServer extends ServerProcess {
@@ -155,7 +159,7 @@ export class NatsServer extends ServerProcess {
   }
 
   static async start(opts: NatsOptions = {}): Promise<NatsServer> {
-    const srv = new NatsServer(await freePort(), await freePort(), opts);
+    const srv = new NatsServer(opts.port ?? (await freePort()), await freePort(), opts);
     return srv.start();
   }
 
@@ -166,6 +170,11 @@ export class NatsServer extends ServerProcess {
   protected command() {
     const log = join(this.dir, "nats.log");
     const args = ["-a", "127.0.0.1", "-p", String(this.port), "-m", String(this.monitorPort), "-l", log];
+    if (this.opts.config !== undefined) {
+      const file = join(this.dir, "nats.conf");
+      writeFileSync(file, this.opts.config);
+      args.unshift("-c", file);
+    }
     if (this.opts.jetstream !== false) args.push("-js", "-sd", join(this.dir, "store"));
     args.push(...(this.opts.args ?? []));
     return { bin: NATS_BIN, args, log };

@@ -1,0 +1,346 @@
+/**
+ * Operator shard operations (ADR-0004 E1-E3): `jetgate shard takeover|split|rebuild <id>`.
+ *
+ * Each writes the registry first (the epoch bump and its boundary in one record), then does the
+ * NATS work, and reports every step through `out`. Each reads where a previous run stopped from the
+ * registry and the streams, so running it again after a crash halfway finishes the same operation
+ * instead of starting another.
+ */
+import type { NatsConnection } from "@nats-io/transport-node";
+import { jetstreamManager, type JetStreamManager, type StreamInfo } from "@nats-io/jetstream";
+import {
+  JetgateError,
+  RegistryClient,
+  bumpEpoch,
+  REGISTRY_STREAM,
+  REGISTRY_SUBJECT,
+  ensureStream,
+  halfRange,
+  ingressStreamConfig,
+  isNotFound,
+  logOfStream,
+  newLogId,
+  processingStart,
+  registryStreamConfig,
+  shardStream,
+  shardStreamConfig,
+  shardSubjects,
+  splitShard,
+  type ShardState,
+  type StreamSettings,
+} from "../protocol/index.js";
+
+export class OperationError extends JetgateError {
+  constructor(message: string) {
+    super("OPERATION", message);
+  }
+}
+
+export interface OpsContext {
+  nc: NatsConnection;
+  settings: StreamSettings;
+  /** Written into registry records as `by`. */
+  by: string;
+  out: (line: string) => void;
+}
+
+const CONSUMER_PREFIX = "w_";
+
+/** Where the shard's stream copy waits while the stream is recreated. */
+export function rebuildHoldStream(shard: number): string {
+  return `${shardStream(shard)}_REBUILD`;
+}
+
+/** Subject a stream is moved to so that nothing more can be appended to it (a rebuild's freeze). */
+function frozenSubject(shard: number): string {
+  return `jetgate.frozen.${shard}`;
+}
+
+async function withRegistry<T>(ctx: OpsContext, fn: (registry: RegistryClient, jsm: JetStreamManager) => Promise<T>): Promise<T> {
+  const registry = await RegistryClient.open(ctx.nc);
+  try {
+    return await fn(registry, await jetstreamManager(ctx.nc));
+  } finally {
+    await registry.close();
+  }
+}
+
+function activeShard(registry: RegistryClient, shard: number): ShardState {
+  const s = registry.state.shards.get(shard);
+  if (s === undefined) throw new OperationError(`shard ${shard} is not in the registry`);
+  if (s.status !== "active") throw new OperationError(`shard ${shard} is ${s.status}`);
+  return s;
+}
+
+async function streamInfo(jsm: JetStreamManager, name: string): Promise<StreamInfo | undefined> {
+  try {
+    return await jsm.streams.info(name);
+  } catch (err) {
+    if (isNotFound(err)) return undefined;
+    throw err;
+  }
+}
+
+async function workerAckFloor(jsm: JetStreamManager, stream: string): Promise<number> {
+  let floor = 0;
+  for await (const c of jsm.consumers.list(stream)) {
+    if (c.name.startsWith(CONSUMER_PREFIX)) floor = Math.max(floor, c.ack_floor.stream_seq);
+  }
+  return floor;
+}
+
+async function waitUntil(what: string, check: () => Promise<boolean>, timeoutMs = 120_000): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > end) throw new OperationError(`timed out waiting for ${what}; run the command again to continue`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/**
+ * Waits until a sourcing stream has copied its source: it holds `want` messages, or its source
+ * reports no lag twice in a row with nothing added in between (JetStream may drop a copy whose
+ * Nats-Msg-Id repeats inside the duplicate window, so the count alone could fall short).
+ */
+async function copied(jsm: JetStreamManager, name: string, want: number): Promise<void> {
+  let last = -1;
+  await waitUntil(`${name} to copy ${want} messages`, async () => {
+    const i = await jsm.streams.info(name);
+    const idle = (i.sources ?? []).every((src) => src.lag === 0) && i.state.messages === last;
+    last = i.state.messages;
+    if (i.state.messages >= want || idle) return true;
+    await new Promise((r) => setTimeout(r, 400));
+    return false;
+  });
+}
+
+/**
+ * E1 by hand: bumps the shard's epoch from its consumers' ack floor. The owning worker is fenced
+ * (it stops at its next batch) and a worker takes the shard over, as after a crash.
+ */
+export async function takeoverShard(ctx: OpsContext, shard: number): Promise<void> {
+  await withRegistry(ctx, async (registry, jsm) => {
+    const before = activeShard(registry, shard);
+    const floor = await workerAckFloor(jsm, shardStream(shard));
+    const written = await registry.update((state) => {
+      const s = state.shards.get(shard)!;
+      const current = s.boundaries[s.boundaries.length - 1]!;
+      const start = Math.max(processingStart(s, floor), current.start_offset);
+      return { v: 1, op: "takeover", at: Date.now(), by: ctx.by, shards: [bumpEpoch(s, { cause: "takeover", start_offset: start })] };
+    });
+    const after = written!.state.shards.get(shard)!;
+    const b = after.boundaries[after.boundaries.length - 1]!;
+    ctx.out(`shard ${shard}: epoch ${before.epoch} -> ${after.epoch} (takeover from offset ${b.start_offset}); its worker is fenced and a worker takes it over`);
+  });
+}
+
+/**
+ * E2: the upper half of the shard's range (the lower with `lower`) moves to a new child shard on a
+ * stream of its own. The cut is the parent stream's last offset when the record is written:
+ * entries up to it stay the parent's (split_at_seq); later ones for moved users are forwarded to
+ * the child by the parent's worker with the same Nats-Msg-Id.
+ */
+export async function splitShardOp(ctx: OpsContext, shard: number, opts: { child?: number; lower?: boolean } = {}): Promise<void> {
+  await withRegistry(ctx, async (registry, jsm) => {
+    // A split whose child stream was never created: a run that stopped halfway. Finish it.
+    const pending = [...registry.state.shards.values()].find(
+      (c) => c.status === "active" && c.splits.some((x) => x.parent === shard && x.child === c.shard),
+    );
+    if (pending !== undefined && (await streamInfo(jsm, shardStream(pending.shard))) === undefined) {
+      ctx.out(`shard ${shard}: split into ${pending.shard} is recorded; creating the child's stream (resuming)`);
+      await createShardStream(ctx, jsm, pending);
+      return;
+    }
+    const parent = activeShard(registry, shard);
+    if (parent.range.hi - parent.range.lo < 1) throw new OperationError(`shard ${shard} owns a single hash: nothing to split`);
+    const child = opts.child ?? Math.max(...registry.state.shards.keys()) + 1;
+    if (registry.state.shards.has(child)) throw new OperationError(`shard ${child} exists already`);
+    const moved = halfRange(parent.range, opts.lower !== true);
+    const info = await jsm.streams.info(shardStream(shard));
+    const childLog = newLogId();
+    const written = await registry.update((state) => {
+      if (state.shards.has(child)) throw new OperationError(`shard ${child} exists already`);
+      const p = state.shards.get(shard)!;
+      if (p.range.lo !== parent.range.lo || p.range.hi !== parent.range.hi) throw new OperationError(`shard ${shard} changed range meanwhile; run again`);
+      // Never cut below the current boundary: what is below it has been numbered already.
+      const cutOffset = Math.max(info.state.last_seq, p.boundaries[p.boundaries.length - 1]!.start_offset - 1);
+      return { v: 1, op: "split", at: Date.now(), by: ctx.by, shards: splitShard(p, { child, childLog, moved, cutOffset }) };
+    });
+    const state = written!.state;
+    const p = state.shards.get(shard)!;
+    const c = state.shards.get(child)!;
+    const split = c.splits[0]!;
+    ctx.out(`shard ${shard}: split recorded; hashes ${moved.lo}..${moved.hi} move to shard ${child}`);
+    ctx.out(`  parent epoch ${parent.epoch} -> ${p.epoch}, keeps ${p.range.lo}..${p.range.hi}; split_at_seq ${split.split_at_seq} (offset ${info.state.last_seq})`);
+    ctx.out(`  child ${child} starts at epoch ${c.epoch}, seq ${split.child_start_seq}, log ${c.log}`);
+    await createShardStream(ctx, jsm, c);
+  });
+}
+
+async function createShardStream(ctx: OpsContext, jsm: JetStreamManager, s: ShardState): Promise<void> {
+  const { created } = await ensureStream(jsm, shardStreamConfig(s.shard, s.log, ctx.settings));
+  ctx.out(`stream ${shardStream(s.shard)}: ${created ? "created" : "exists"}`);
+}
+
+/**
+ * E3: recreates the shard's stream (offsets restart at 1 on a new log) with what the old one held
+ * re-appended first, in order, with their Nats-Msg-Id headers.
+ *
+ *   1. freeze: the old stream's subjects move away, so nothing more is appended to it (producers
+ *      get no-responders and retry until step 6);
+ *   2. registry: epoch bump onto the new log, prev_end_seq = the frozen stream's last entry;
+ *   3. a holding stream sources the frozen one until it has every message;
+ *   4. the old stream is deleted and the holding stream cut loose from it;
+ *   5. the new stream sources the holding stream until it has every message;
+ *   6. the new stream takes the shard's subjects; the holding stream is deleted.
+ * Workers refuse the shard while its stream is not the registry's log, and take it over at 5.
+ */
+export async function rebuildShard(ctx: OpsContext, shard: number): Promise<void> {
+  await withRegistry(ctx, async (registry, jsm) => {
+    const name = shardStream(shard);
+    const hold = rebuildHoldStream(shard);
+    let s = activeShard(registry, shard);
+    let info = await streamInfo(jsm, name);
+    if (info !== undefined && logOfStream(info) === s.log && (info.config.subjects ?? []).includes(shardSubjects(shard))) {
+      // Not started (or finished before): begin a new rebuild.
+      if ((await streamInfo(jsm, hold)) !== undefined) throw new OperationError(`stream ${hold} exists but the registry shows no rebuild: inspect and remove it`);
+      info = await jsm.streams.update(name, { ...info.config, subjects: [frozenSubject(shard)] });
+      ctx.out(`stream ${name}: frozen at offset ${info.state.last_seq} (appends refused until the rebuild ends)`);
+      const oldLast = info.state.last_seq;
+      const before = s.epoch;
+      const written = await registry.update((state) => {
+        const cur = state.shards.get(shard)!;
+        return { v: 1, op: "rebuild", at: Date.now(), by: ctx.by, shards: [bumpEpoch(cur, { cause: "rebuild", log: newLogId(), start_offset: 1, prev_end_offset: oldLast })] };
+      });
+      s = written!.state.shards.get(shard)!;
+      ctx.out(`shard ${shard}: epoch ${before} -> ${s.epoch} on new log ${s.log}; prev_end_seq ${s.boundaries[s.boundaries.length - 1]!.prev_end_seq}`);
+    } else if (info !== undefined && logOfStream(info) === s.log) {
+      ctx.out(`shard ${shard}: the new stream exists; finishing (resuming)`);
+    } else if (info !== undefined && (info.config.subjects ?? []).includes(shardSubjects(shard))) {
+      throw new OperationError(`stream ${name} is log ${logOfStream(info)} but the registry says ${s.log}, and it is not frozen: not a rebuild this command started`);
+    } else {
+      ctx.out(`shard ${shard}: rebuild onto log ${s.log} is recorded; continuing (resuming)`);
+    }
+
+    info = await streamInfo(jsm, name);
+    if (info !== undefined && logOfStream(info) !== s.log) {
+      // 3. copy the frozen stream into the holding stream
+      const old = info;
+      if ((await streamInfo(jsm, hold)) === undefined) {
+        await jsm.streams.add({ name: hold, description: `jetgate rebuild of ${name}`, storage: old.config.storage, num_replicas: old.config.num_replicas, sources: [{ name }] });
+      }
+      await copied(jsm, hold, old.state.messages);
+      ctx.out(`stream ${hold}: holds the ${old.state.messages} messages of the old log`);
+      // 4. the old stream goes; the holding stream no longer follows it
+      await jsm.streams.delete(name);
+      ctx.out(`stream ${name}: old log deleted`);
+      info = undefined;
+    }
+    const holdInfo = await streamInfo(jsm, hold);
+    if (info === undefined) {
+      if (holdInfo === undefined) throw new OperationError(`neither ${name} nor ${hold} exists: the old log's messages are gone`);
+      if ((holdInfo.config.sources ?? []).length > 0) await jsm.streams.update(hold, { ...holdInfo.config, sources: [] });
+      // 5. the new log, filled from the holding stream before it takes appends
+      const cfg = shardStreamConfig(shard, s.log, ctx.settings);
+      await jsm.streams.add({ ...cfg, subjects: [], sources: [{ name: hold }] });
+      ctx.out(`stream ${name}: created on log ${s.log}; re-appending`);
+      info = await jsm.streams.info(name);
+    }
+    if ((info.config.subjects ?? []).length === 0) {
+      if (holdInfo !== undefined) {
+        const want = holdInfo.state.messages;
+        await copied(jsm, name, want);
+        ctx.out(`stream ${name}: ${want} messages re-appended`);
+      }
+      // 6. open for appends
+      const cfg = shardStreamConfig(shard, s.log, ctx.settings);
+      await jsm.streams.update(name, { ...info.config, subjects: cfg.subjects, sources: [] });
+      ctx.out(`stream ${name}: takes appends again`);
+    }
+    if ((await streamInfo(jsm, hold)) !== undefined) {
+      await jsm.streams.delete(hold);
+      ctx.out(`stream ${hold}: deleted`);
+    }
+    ctx.out(`shard ${shard}: rebuilt on log ${s.log} at epoch ${s.epoch}`);
+  });
+}
+
+/**
+ * Keeps copies for E4 on a second NATS deployment (`to`): the registry and every active shard
+ * stream of this one, as streams there that source them through `sourceApi` (the JetStream API
+ * prefix of this deployment as seen from there, e.g. `$JS.primary.API` over a leafnode with
+ * JetStream domains). The copies take no appends of their own (no subjects) until a failover.
+ * Run it again after a split to add the new shard's copy.
+ */
+export async function setupReplica(ctx: OpsContext, to: NatsConnection, sourceApi: string): Promise<void> {
+  await withRegistry(ctx, async (registry) => {
+    const jsm = await jetstreamManager(to);
+    const copy = async (name: string, extra: Partial<StreamConfigLike>) => {
+      if ((await streamInfo(jsm, name)) !== undefined) {
+        ctx.out(`copy ${name}: exists`);
+        return;
+      }
+      await jsm.streams.add({ ...extra, name, subjects: [], sources: [{ name, external: { api: sourceApi, deliver: "" } }] } as StreamConfigLike);
+      ctx.out(`copy ${name}: created, sourcing ${name} through ${sourceApi}`);
+    };
+    const reg = registryStreamConfig(ctx.settings.JETGATE_STREAM_REPLICAS);
+    await copy(REGISTRY_STREAM, { ...reg, description: COPY_DESCRIPTION });
+    for (const s of registry.state.shards.values()) {
+      if (s.status !== "active") continue;
+      const cfg = shardStreamConfig(s.shard, s.log, ctx.settings);
+      await copy(cfg.name, { ...cfg, description: COPY_DESCRIPTION });
+    }
+  });
+}
+
+type StreamConfigLike = Parameters<JetStreamManager["streams"]["add"]>[0];
+
+const COPY_DESCRIPTION = "jetgate copy";
+
+/**
+ * E4: makes the copies on this deployment (the one `ctx.nc` is connected to) the primary. The
+ * registry copy takes appends, then one record moves every active shard onto a new log (the copy's
+ * offsets are its own) with its epoch raised by `epochMargin`, so that cursors of epochs the lost
+ * primary wrote after the copy's last record are still below it; then each copy takes its shard's
+ * subjects. Workers and gateways are pointed here by configuration and restarted.
+ */
+export async function failover(ctx: OpsContext, epochMargin: number): Promise<void> {
+  if (!Number.isInteger(epochMargin) || epochMargin < 1) throw new OperationError(`--epoch-margin must be a positive integer, got ${epochMargin}`);
+  const jsm = await jetstreamManager(ctx.nc);
+  const reg = await streamInfo(jsm, REGISTRY_STREAM);
+  if (reg === undefined) throw new OperationError(`no ${REGISTRY_STREAM} here: this deployment keeps no copy (see jetgate replica setup)`);
+  if ((reg.config.sources ?? []).length > 0) {
+    await jsm.streams.update(REGISTRY_STREAM, { ...reg.config, subjects: [REGISTRY_SUBJECT], sources: [], description: "" });
+    ctx.out(`${REGISTRY_STREAM}: the copy takes appends (${reg.state.messages} records)`);
+  }
+  await withRegistry(ctx, async (registry) => {
+    const copies = new Map<number, StreamInfo>();
+    for (const s of registry.state.shards.values()) {
+      if (s.status !== "active") continue;
+      const info = await streamInfo(jsm, shardStream(s.shard));
+      if (info === undefined) throw new OperationError(`shard ${s.shard}: no copy of ${shardStream(s.shard)} here`);
+      if (logOfStream(info) !== s.log) copies.set(s.shard, info);
+    }
+    // Shards whose copy is not yet the registry's log and whose last boundary is not this failover's.
+    const toBump = [...copies.keys()].filter((id) => registry.state.shards.get(id)!.boundaries.at(-1)!.cause !== "failover");
+    if (toBump.length > 0) {
+      const written = await registry.update((state) => ({
+        v: 1, op: "failover", at: Date.now(), by: ctx.by,
+        shards: toBump.map((id) => bumpEpoch(state.shards.get(id)!, { cause: "failover", log: newLogId(), start_offset: 1, epochs: epochMargin })),
+      }));
+      for (const id of toBump) {
+        const s = written!.state.shards.get(id)!;
+        ctx.out(`shard ${id}: epoch -> ${s.epoch} (margin ${epochMargin}) on log ${s.log}`);
+      }
+    }
+    for (const [id, info] of copies) {
+      const s = registry.state.shards.get(id)!;
+      const cfg = shardStreamConfig(id, s.log, ctx.settings);
+      await jsm.streams.update(cfg.name, { ...info.config, subjects: cfg.subjects, sources: [], description: cfg.description });
+      ctx.out(`stream ${cfg.name}: the copy (${info.state.messages} entries) is log ${s.log} and takes appends`);
+    }
+    const ingress = await ensureStream(jsm, ingressStreamConfig(ctx.settings));
+    ctx.out(`stream ${ingress.info.config.name}: ${ingress.created ? "created" : "exists"}`);
+    ctx.out(`failover done: point JETGATE_NATS_URL of workers and gateways here and restart them`);
+  });
+}
