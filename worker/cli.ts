@@ -9,7 +9,7 @@
  *   jetgate failover --to <url>          make that deployment's copies the primary
  *   jetgate worker                       run a worker process
  */
-import { parseArgs } from "node:util";
+import { parseArgs, type ParseArgsConfig } from "node:util";
 import { ConfigError, RegistryClient, connectNats, loadConfig, MAX_OFFSET } from "../protocol/index.js";
 import { initRegistry } from "./registry-init.js";
 import { runWorker } from "./main.js";
@@ -25,6 +25,15 @@ const USAGE = `usage:
   jetgate failover --to <nats-url> [--epoch-margin N]
   jetgate worker`;
 
+/** parseArgs, with its errors (unknown option, missing value) as usage errors. */
+function parse<T extends ParseArgsConfig>(config: T): ReturnType<typeof parseArgs<T>> {
+  try {
+    return parseArgs(config);
+  } catch (err) {
+    throw new UsageError(`${(err as Error).message}\n${USAGE}`);
+  }
+}
+
 function shardId(arg: string | undefined): number {
   if (arg === undefined || !/^\d{1,9}$/.test(arg)) throw new UsageError(`shard id must be a non-negative integer, got ${arg ?? "nothing"}\n${USAGE}`);
   return Number(arg);
@@ -38,7 +47,7 @@ function intFlag(name: string, v: string | undefined, fallback: number): number 
 
 async function operate(argv: string[], out: (line: string) => void): Promise<number> {
   const [group, command, ...rest] = argv;
-  const { values, positionals } = parseArgs({
+  const { values, positionals } = parse({
     args: group === "shard" ? rest : [command ?? "", ...rest].filter((x) => x !== ""),
     options: {
       child: { type: "string" }, lower: { type: "boolean", default: false },
@@ -86,7 +95,7 @@ export async function cli(argv: string[], out: (line: string) => void = console.
   }
   if (group === "shard" || group === "replica" || group === "failover") return operate(argv, out);
   if (group !== "registry" || (command !== "init" && command !== "show")) throw new UsageError(USAGE);
-  const { values } = parseArgs({
+  const { values } = parse({
     args: rest,
     options: { shards: { type: "string" }, json: { type: "boolean", default: false } },
     strict: true,

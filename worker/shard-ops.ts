@@ -309,7 +309,7 @@ export async function failover(ctx: OpsContext, epochMargin: number): Promise<vo
   const jsm = await jetstreamManager(ctx.nc);
   const reg = await streamInfo(jsm, REGISTRY_STREAM);
   if (reg === undefined) throw new OperationError(`no ${REGISTRY_STREAM} here: this deployment keeps no copy (see jetgate replica setup)`);
-  if ((reg.config.sources ?? []).length > 0) {
+  if (!(reg.config.subjects ?? []).includes(REGISTRY_SUBJECT)) {
     await jsm.streams.update(REGISTRY_STREAM, { ...reg.config, subjects: [REGISTRY_SUBJECT], sources: [], description: "" });
     ctx.out(`${REGISTRY_STREAM}: the copy takes appends (${reg.state.messages} records)`);
   }

@@ -78,6 +78,20 @@ export class FaultRun {
     return g;
   }
 
+  /**
+   * Points every jetgate process and the control connection at a new environment (a failover's
+   * NATS), restarting workers and gateways on the gateways' same ports.
+   */
+  async moveTo(env: Record<string, string>): Promise<void> {
+    this.env = env;
+    const workers = this.live(this.workers).length;
+    for (const p of [...this.live(this.gateways), ...this.live(this.workers)]) await p.kill("SIGKILL");
+    await this.closeControl();
+    await this.connectControl();
+    for (let i = 0; i < workers; i++) await this.spawnWorker();
+    for (const port of this.gatewayPorts) await this.spawnGateway(port);
+  }
+
   live(procs: JetgateProcess[]): JetgateProcess[] {
     return procs.filter((p) => p.proc.exitCode === null && p.proc.signalCode === null);
   }

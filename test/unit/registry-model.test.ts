@@ -129,3 +129,36 @@ test("registry - a split keeps seqs increasing for moved users and records the b
   // the states are valid registry records
   decodeRecord(encodeRecord({ v: 1, op: "split", at: 0, by: "t", shards: [p, c] }));
 });
+
+test("registry - a failover bump rises by its margin; a bad margin is refused", async () => {
+  const b = bumpEpoch(s0, { cause: "failover", log: "logF", start_offset: 1, epochs: 100 });
+  assert.equal(b.epoch, s0.epoch + 100);
+  assert.equal(b.boundaries.at(-1)!.start_seq, composeSeq(s0.epoch + 100, 1));
+  assert.throws(() => bumpEpoch(s0, { cause: "failover", start_offset: 1, epochs: 0 }), RegistryError);
+  assert.throws(() => bumpEpoch({ ...s0, epoch: MAX_EPOCH - 5 }, { cause: "failover", start_offset: 1, epochs: 6 }), RegistryError);
+});
+
+test("registry - processingStart: from the ack floor, never below a takeover's start, but below a split's cut", async () => {
+  const { processingStart, splitShard, halfRange } = await import("../../protocol/index.js");
+  const t = bumpEpoch(s0, { cause: "takeover", start_offset: 40 });
+  assert.equal(processingStart(t, 55), 56, "one past the floor");
+  assert.equal(processingStart(t, 10), 40, "a takeover boundary was written from a floor: everything below was acked");
+  const [p] = splitShard(t, { child: 9, childLog: "logK", moved: halfRange(t.range, true), cutOffset: 80 });
+  assert.equal(processingStart(p, 60), 61, "a split's cut may lie above the floor: what is between is still processed");
+});
+
+test("registry - entryOwner: a moved user's entries stay the parent's up to split_at_seq; parentCut names the cut", async () => {
+  const { entryOwner, parentCut, splitShard, halfRange } = await import("../../protocol/index.js");
+  const [parent0] = initialShards(1, ["logP"]) as [ShardState];
+  const upper = halfRange(parent0.range, true);
+  const moved = Array.from({ length: 500 }, (_, i) => `m${i}`).find((u) => userHash(u) >= upper.lo)!;
+  const kept = Array.from({ length: 500 }, (_, i) => `k${i}`).find((u) => userHash(u) < upper.lo)!;
+  const [p, c] = splitShard(parent0, { child: 1, childLog: "logC", moved: upper, cutOffset: 50 });
+  assert.equal(entryOwner(p, kept, composeSeq(p.epoch, 99)), "own");
+  assert.equal(entryOwner(p, moved, composeSeq(0, 50)), "own", "at the cut: the parent's");
+  assert.equal(entryOwner(p, moved, composeSeq(p.epoch, 51)), "forward", "after the cut: the child's");
+  assert.deepEqual(parentCut(c, p), { parent: 0, log: "logP", offset: 50 });
+  assert.equal(parentCut(p, undefined), undefined, "a shard that is no split's child waits for nothing");
+  const rebuilt = bumpEpoch(p, { cause: "rebuild", log: "logR", start_offset: 1, prev_end_offset: 70 });
+  assert.equal(parentCut(c, rebuilt), undefined, "the parent left that log: nothing to wait for");
+});

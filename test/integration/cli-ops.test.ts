@@ -1,0 +1,114 @@
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import { connect } from "@nats-io/transport-node";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import {
+  RegistryClient, bumpEpoch, encodeStoredEntry, entrySubject, halfRange, logOfStream, newLogId, shardStream, shardSubjects, splitShard,
+} from "../../protocol/index.js";
+import { initStack, startInfra } from "../harness/stack.js";
+import { runCli } from "../harness/cli.js";
+
+const infra = await startInfra({ JETGATE_SHARDS: "2" });
+await initStack(infra.env);
+const nc = await connect({ servers: infra.nats.url });
+const registry = await RegistryClient.open(nc);
+const jsm = await jetstreamManager(nc);
+const js = jetstream(nc);
+after(async () => {
+  await registry.close();
+  await nc.close();
+  await infra.dispose();
+});
+
+async function append(shard: number, n: number, prefix: string): Promise<void> {
+  for (let i = 0; i < n; i++) {
+    await js.publish(entrySubject(shard, `u${i % 3}`, "default"), encodeStoredEntry({ id: `${prefix}${i}`, d: `${prefix}${i}`, ts: Date.now(), b: new Uint8Array(2) }), { msgID: `${prefix}${i}:u${i % 3}` });
+  }
+}
+
+test("cli - bad usage exits 64 with the usage text, naming what is wrong", async () => {
+  for (const [args, says] of [
+    [["shard"], /usage:/],
+    [["shard", "split", "abc"], /shard id must be a non-negative integer, got abc/],
+    [["shard", "explode", "1"], /usage:/],
+    [["failover"], /--to <nats-url> is required/],
+    [["failover", "--to", infra.nats.url, "--epoch-margin", "x"], /--epoch-margin must be a non-negative integer/],
+    [["replica", "setup", "--to", infra.nats.url], /--source-api <prefix> is required/],
+    [["shard", "takeover", "0", "--bogus"], /bogus/],
+  ] as const) {
+    const r = await runCli(infra.env, [...args]);
+    assert.equal(r.code, 64, `${args.join(" ")}: ${r.text}`);
+    assert.match(r.text, says);
+  }
+});
+
+test("cli - refused operations exit 2 with a clear message", async () => {
+  let r = await runCli(infra.env, ["shard", "takeover", "9"]);
+  assert.equal(r.code, 2, r.text);
+  assert.match(r.text, /shard 9 is not in the registry/);
+  r = await runCli(infra.env, ["shard", "split", "0", "--child", "1"]);
+  assert.equal(r.code, 2, r.text);
+  assert.match(r.text, /shard 1 exists already/);
+  r = await runCli(infra.env, ["failover", "--to", infra.nats.url, "--epoch-margin", "0"]);
+  assert.equal(r.code, 2, r.text);
+  assert.match(r.text, /--epoch-margin must be a positive integer/);
+});
+
+test("cli - shard takeover bumps the epoch from the ack floor", async () => {
+  const before = registry.state.shards.get(1)!.epoch;
+  const r = await runCli(infra.env, ["shard", "takeover", "1"]);
+  assert.equal(r.code, 0, r.text);
+  assert.match(r.text, new RegExp(`shard 1: epoch ${before} -> ${before + 1}`));
+  await registry.sync();
+  assert.equal(registry.state.shards.get(1)!.boundaries.at(-1)!.cause, "takeover");
+});
+
+test("cli - shard split: a run that stopped after the registry write is finished by the next run", async () => {
+  await append(0, 5, "s");
+  const cut = (await jsm.streams.info(shardStream(0))).state.last_seq;
+  // what a crashed run leaves: the record, no child stream
+  const childLog = newLogId();
+  await registry.update((st) => ({ v: 1, op: "split", at: Date.now(), by: "test", shards: splitShard(st.shards.get(0)!, { child: 5, childLog, moved: halfRange(st.shards.get(0)!.range, true), cutOffset: cut }) }));
+  const r = await runCli(infra.env, ["shard", "split", "0"]);
+  assert.equal(r.code, 0, r.text);
+  assert.match(r.text, /resuming/);
+  assert.equal(logOfStream(await jsm.streams.info(shardStream(5))), childLog, "the child's stream, on the recorded log");
+  // a complete split run: the record and the stream, and a new child id
+  const again = await runCli(infra.env, ["shard", "split", "0"]);
+  assert.equal(again.code, 0, again.text);
+  assert.match(again.text, /split recorded; hashes \d+\.\.\d+ move to shard 6/);
+  assert.ok((await jsm.streams.info(shardStream(6))).config.subjects?.includes(shardSubjects(6)));
+});
+
+test("cli - shard rebuild: a new log holding the old entries in order; a crashed run is resumed", async () => {
+  await append(1, 7, "r");
+  const old = await jsm.streams.info(shardStream(1));
+  let r = await runCli(infra.env, ["shard", "rebuild", "1"]);
+  assert.equal(r.code, 0, r.text);
+  await registry.sync();
+  let s = registry.state.shards.get(1)!;
+  let info = await jsm.streams.info(shardStream(1));
+  assert.equal(logOfStream(info), s.log);
+  assert.equal(info.state.messages, old.state.messages, "every old entry re-appended");
+  assert.equal(info.state.first_seq, 1, "offsets restart at 1");
+  const first = await jsm.streams.getMessage(shardStream(1), { seq: 1 });
+  assert.equal(first?.subject, entrySubject(1, "u0", "default"));
+  assert.equal(first?.header.get("Nats-Msg-Id"), "r0:u0", "re-appended with its Nats-Msg-Id");
+  await js.publish(entrySubject(1, "u1", "default"), encodeStoredEntry({ id: "after", d: "after", ts: 0, b: new Uint8Array(1) }));
+  assert.equal((await jsm.streams.info(shardStream(1))).state.messages, old.state.messages + 1, "takes appends again");
+
+  // a run that crashed after freezing and writing the registry
+  const frozen = await jsm.streams.info(shardStream(1));
+  await jsm.streams.update(shardStream(1), { ...frozen.config, subjects: ["jetgate.frozen.1"] });
+  await registry.update((st) => ({ v: 1, op: "rebuild", at: Date.now(), by: "test", shards: [bumpEpoch(st.shards.get(1)!, { cause: "rebuild", log: newLogId(), start_offset: 1, prev_end_offset: frozen.state.last_seq })] }));
+  r = await runCli(infra.env, ["shard", "rebuild", "1"]);
+  assert.equal(r.code, 0, r.text);
+  assert.match(r.text, /resuming/);
+  await registry.sync();
+  s = registry.state.shards.get(1)!;
+  info = await jsm.streams.info(shardStream(1));
+  assert.equal(logOfStream(info), s.log);
+  assert.equal(info.state.messages, frozen.state.messages);
+  assert.ok(info.config.subjects?.includes(shardSubjects(1)));
+  await assert.rejects(jsm.streams.info(`${shardStream(1)}_REBUILD`), "the holding stream is gone");
+});
