@@ -4,6 +4,7 @@
  * Defaults suit a local run (`npm start`). With JETGATE_ENV=production, secrets have no defaults
  * and must be set. A bad value fails start-up with a ConfigError that names each variable and why.
  */
+import { accessSync, constants } from "node:fs";
 import { z } from "zod";
 import { JetgateError } from "./errors.js";
 import { idProblem } from "./ids.js";
@@ -138,6 +139,7 @@ export const envSchema = z.object({
   JETGATE_NATS_TOKEN: optionalStr,
   JETGATE_NATS_CREDS_FILE: optionalStr,
   JETGATE_NATS_CA_FILE: optionalStr,
+  JETGATE_NATS_NKEY_SEED_FILE: optionalStr,
   JETGATE_REDIS_URL: urlList("redis://127.0.0.1:6379", ["redis:", "rediss:"]),
   JETGATE_REDIS_CLUSTER: bool(false),
   JETGATE_REDIS_CA_FILE: optionalStr,
@@ -233,8 +235,18 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       if (c.JETGATE_FAULT_EXIT_AFTER !== "") problems.push("JETGATE_FAULT_EXIT_AFTER: test-only; refused when JETGATE_ENV=production");
       if (c.JETGATE_DEMO_DIR !== undefined) problems.push("JETGATE_DEMO_DIR: the demo page hands out tokens; refused when JETGATE_ENV=production");
     }
-    if (c.JETGATE_NATS_TOKEN !== undefined && c.JETGATE_NATS_USER !== undefined) {
-      problems.push("JETGATE_NATS_TOKEN: set either a token or JETGATE_NATS_USER/JETGATE_NATS_PASS, not both");
+    const natsAuth = (["JETGATE_NATS_USER", "JETGATE_NATS_TOKEN", "JETGATE_NATS_CREDS_FILE", "JETGATE_NATS_NKEY_SEED_FILE"] as const).filter((k) => c[k] !== undefined);
+    if (natsAuth.length > 1) problems.push(`${natsAuth[1]}: set one NATS authentication (${natsAuth.join(", ")} are all set)`);
+    if (c.JETGATE_NATS_PASS !== undefined && c.JETGATE_NATS_USER === undefined) problems.push("JETGATE_NATS_PASS: needs JETGATE_NATS_USER");
+    // A secret file that cannot be read is a configuration error, named, at start (not at connect).
+    for (const k of ["JETGATE_NATS_CREDS_FILE", "JETGATE_NATS_NKEY_SEED_FILE", "JETGATE_NATS_CA_FILE", "JETGATE_REDIS_CA_FILE", "JETGATE_JWT_PUBLIC_KEYS_FILE"] as const) {
+      const f = c[k];
+      if (f === undefined) continue;
+      try {
+        accessSync(f, constants.R_OK);
+      } catch (err) {
+        problems.push(`${k}: cannot read ${f} (${(err as NodeJS.ErrnoException).code ?? "error"})`);
+      }
     }
     if (problems.length === 0) {
       const devJwt = c.JETGATE_ENV === "development" && c.JETGATE_JWT_SECRET === undefined && c.JETGATE_JWT_PUBLIC_KEYS_FILE === undefined;

@@ -1,12 +1,18 @@
 /** NATS and Redis connections built from the config, the same way in every tier. */
 import { readFileSync } from "node:fs";
-import { connect, credsAuthenticator, type NatsConnection, type NodeConnectionOptions } from "@nats-io/transport-node";
+import { connect, credsAuthenticator, nkeyAuthenticator, type NatsConnection, type NodeConnectionOptions } from "@nats-io/transport-node";
 import { Cluster, Redis, type RedisOptions } from "ioredis";
 import type { Config } from "./config.js";
 
 export type NatsSettings = Pick<
   Config,
-  "JETGATE_NATS_URL" | "JETGATE_NATS_USER" | "JETGATE_NATS_PASS" | "JETGATE_NATS_TOKEN" | "JETGATE_NATS_CREDS_FILE" | "JETGATE_NATS_CA_FILE"
+  | "JETGATE_NATS_URL"
+  | "JETGATE_NATS_USER"
+  | "JETGATE_NATS_PASS"
+  | "JETGATE_NATS_TOKEN"
+  | "JETGATE_NATS_CREDS_FILE"
+  | "JETGATE_NATS_NKEY_SEED_FILE"
+  | "JETGATE_NATS_CA_FILE"
 >;
 
 export function natsOptions(c: NatsSettings, name: string): NodeConnectionOptions {
@@ -25,6 +31,9 @@ export function natsOptions(c: NatsSettings, name: string): NodeConnectionOption
   if (c.JETGATE_NATS_TOKEN !== undefined) opts.token = c.JETGATE_NATS_TOKEN;
   if (c.JETGATE_NATS_CREDS_FILE !== undefined) {
     opts.authenticator = credsAuthenticator(readFileSync(c.JETGATE_NATS_CREDS_FILE));
+  }
+  if (c.JETGATE_NATS_NKEY_SEED_FILE !== undefined) {
+    opts.authenticator = nkeyAuthenticator(new TextEncoder().encode(readFileSync(c.JETGATE_NATS_NKEY_SEED_FILE, "utf8").trim()));
   }
   if (c.JETGATE_NATS_CA_FILE !== undefined) opts.tls = { caFile: c.JETGATE_NATS_CA_FILE };
   return opts;

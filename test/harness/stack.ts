@@ -6,7 +6,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { connect, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { Redis } from "ioredis";
-import { Dispatcher, RegistryClient, decodePush, loadConfig, type DispatcherOptions, type Push } from "../../protocol/index.js";
+import { Dispatcher, RegistryClient, connectNats, decodePush, loadConfig, type DispatcherOptions, type Push } from "../../protocol/index.js";
 import { initRegistry } from "../../worker/index.js";
 import { NatsServer, RedisServer, freePort } from "./servers.js";
 
@@ -44,7 +44,7 @@ export async function startInfra(env: Record<string, string> = {}): Promise<Infr
 /** Runs `registry init` in this process against the infra. */
 export async function initStack(env: Record<string, string>): Promise<void> {
   const config = loadConfig(env);
-  const nc = await connect({ servers: config.JETGATE_NATS_URL });
+  const nc = await connectNats(config, "test-init");
   try {
     await initRegistry(nc, { ...config, shards: config.JETGATE_SHARDS, by: "test" });
   } finally {
