@@ -19,6 +19,7 @@ export class GatewayMetrics {
   readonly closes: Counter<"code">;
   readonly regressions: Counter<"component">;
   readonly dispatchRequests: Counter<"status">;
+  readonly refusedUpgrades: Counter<"reason">;
 
   constructor() {
     const registers = [this.registry];
@@ -40,6 +41,7 @@ export class GatewayMetrics {
     this.closes = c("jetgate_gateway_closes_total", "Connections closed by the gateway, by close code.", ["code"]);
     this.regressions = c("jetgate_mailbox_seq_regression_total", "A seq to send at or below the last sent on its connection: dropped (must stay 0).", ["component"]);
     this.dispatchRequests = c("jetgate_gateway_dispatch_requests_total", "POST /v1/dispatch requests by HTTP status.", ["status"]);
+    this.refusedUpgrades = c("jetgate_gateway_refused_upgrades_total", "WebSocket upgrades refused before a session, by reason (per_ip).", ["reason"]);
     this.regressions.inc({ component: "gateway" }, 0);
   }
 }

@@ -19,6 +19,8 @@ import { Session, type Transport } from "./session.js";
 interface SocketData {
   session?: Session;
   closed: boolean;
+  /** Client address, counted against JETGATE_MAX_CONNS_PER_IP. */
+  ip: string;
 }
 
 export interface Readiness {
@@ -57,6 +59,8 @@ export function startServer(
 ): Promise<GatewayServer> {
   const app = uws.App();
   let upgrades = true;
+  const perIp = new Map<string, number>();
+  const ipLimit = config.JETGATE_MAX_CONNS_PER_IP;
   app.ws<SocketData>("/v1/ws", {
     maxPayloadLength: config.JETGATE_MAX_PAYLOAD * 2, // hard stop; the session answers 4413 above the configured limit
     idleTimeout: config.JETGATE_IDLE_TIMEOUT_S,
@@ -68,8 +72,18 @@ export function startServer(
         res.writeStatus("503 Service Unavailable").end("draining");
         return;
       }
+      const forwarded = config.JETGATE_TRUST_FORWARDED_FOR ? req.getHeader("x-forwarded-for").split(",").pop()?.trim() : undefined;
+      const ip = forwarded || Buffer.from(res.getRemoteAddressAsText()).toString();
+      const open = perIp.get(ip) ?? 0;
+      if (ipLimit > 0 && open >= ipLimit) {
+        ctx.metrics.refusedUpgrades.inc({ reason: "per_ip" });
+        res.writeStatus("429 Too Many Requests").end("too many connections from this address");
+        return;
+      }
+      // counted from the upgrade, so a burst of handshakes cannot pass the limit before `open`
+      perIp.set(ip, open + 1);
       res.upgrade<SocketData>(
-        { closed: false },
+        { closed: false, ip },
         req.getHeader("sec-websocket-key"),
         req.getHeader("sec-websocket-protocol"),
         req.getHeader("sec-websocket-extensions"),
@@ -99,6 +113,9 @@ export function startServer(
     close: (ws, code) => {
       const data = ws.getUserData();
       data.closed = true;
+      const n = (perIp.get(data.ip) ?? 1) - 1;
+      if (n <= 0) perIp.delete(data.ip);
+      else perIp.set(data.ip, n);
       data.session?.onClosed(code);
     },
   });

@@ -191,6 +191,10 @@ export const envSchema = z.object({
   JETGATE_RATE_BURST: int(1, 100_000, 100),
   JETGATE_RATE_USER_FRAMES_PER_S: int(1, 1_000_000, 200),
   JETGATE_MAX_CONNS_PER_USER: int(1, 10_000, 16),
+  /** Open WebSockets per client address; 0 = no limit. Carrier NAT puts many phones behind one. */
+  JETGATE_MAX_CONNS_PER_IP: int(0, 1_000_000, 2000),
+  /** Take the client address from the last X-Forwarded-For hop (only behind a proxy that sets it). */
+  JETGATE_TRUST_FORWARDED_FOR: bool(false),
 });
 
 export type Env = z.output<typeof envSchema>;

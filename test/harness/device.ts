@@ -16,11 +16,15 @@ export async function deviceToken(user: string, opts: { secret?: string; expires
 export class TestDevice {
   readonly frames: ServerFrame[] = [];
   readonly undecodable: unknown[] = [];
+  /** When each entry (by message id) arrived, ms. */
+  private readonly arrivals = new Map<string, number>();
   closed: { code: number; reason: string } | undefined;
   private constructor(readonly ws: WebSocket) {
     ws.on("message", (data: Buffer, isBinary: boolean) => {
       try {
-        this.frames.push(decodeServerFrame(isBinary ? new Uint8Array(data) : data.toString()));
+        const f = decodeServerFrame(isBinary ? new Uint8Array(data) : data.toString());
+        this.frames.push(f);
+        if (f.t === "MSGS") for (const e of f.e) if (!this.arrivals.has(e.id)) this.arrivals.set(e.id, Date.now());
       } catch (err) {
         this.undecodable.push(err);
       }
@@ -52,6 +56,10 @@ export class TestDevice {
   /** Entries of live and catch-up MSGS frames (not PULL replies), in arrival order. */
   entries(): Entry[] {
     return this.frames.flatMap((f) => (f.t === "MSGS" && f.id === undefined ? f.e : []));
+  }
+
+  arrivedAt(id: string): number | undefined {
+    return this.arrivals.get(id);
   }
 
   async waitClosed(timeoutMs = 10_000): Promise<{ code: number; reason: string }> {
