@@ -156,6 +156,9 @@ export class JetgateClient {
   private readonly sends = new Map<number, PendingSend>();
   private unacked = 0;
   private ackTimer: ReturnType<typeof setTimeout> | undefined;
+  private refreshTimer: ReturnType<typeof setTimeout> | undefined;
+  /** The JWT the live session runs on (for its `exp`). */
+  private sessionToken: string | undefined;
   private pingTimer: ReturnType<typeof setInterval> | undefined;
   private lastHeard = 0;
   private reconnectTimer: ReturnType<typeof setTimeout> | undefined;
@@ -240,6 +243,7 @@ export class JetgateClient {
     }
     // The app may have closed while the token was fetched.
     if ((this.stateValue as ClientState).type === "closed") return;
+    this.sessionToken = token;
     const urls = typeof this.opts.url === "string" ? [this.opts.url] : this.opts.url;
     const ws = new this.WS(urls[(this.urlBase + this.attempt) % urls.length]!);
     this.ws = ws;
@@ -270,6 +274,7 @@ export class JetgateClient {
   private teardown(): void {
     clearInterval(this.pingTimer);
     clearTimeout(this.ackTimer);
+    clearTimeout(this.refreshTimer);
     this.flushAck();
     for (const resolve of this.pulls.values()) resolve({ t: "MSGS", shard: -1, e: [] });
     this.pulls.clear();
@@ -341,11 +346,42 @@ export class JetgateClient {
         return;
       case "PONG":
         return;
+      case "REFRESH_OK":
+        this.scheduleRefresh(f.exp);
+        return;
     }
+  }
+
+  /**
+   * Sends a fresh token (REFRESH) before the session's one expires, so the gateway does not close
+   * the session at expiry: at 80% of the remaining lifetime, and at least a minute before.
+   */
+  private scheduleRefresh(expMs: number | undefined): void {
+    clearTimeout(this.refreshTimer);
+    if (expMs === undefined) return;
+    const left = expMs - Date.now();
+    const delay = Math.min(Math.max(1000, Math.min(left * 0.8, left - 60_000)), 2 ** 31 - 1);
+    this.refreshTimer = setTimeout(() => void this.refresh(), delay);
+  }
+
+  private async refresh(): Promise<void> {
+    let token: string;
+    try {
+      token = await this.opts.token();
+    } catch {
+      // the app could not get a token now: try again shortly; at expiry the gateway closes and
+      // the reconnect asks for a token again
+      this.refreshTimer = setTimeout(() => void this.refresh(), 5000);
+      return;
+    }
+    if (this.stateValue.type !== "live" && this.stateValue.type !== "syncing") return;
+    this.sessionToken = token;
+    this.write({ t: "REFRESH", token });
   }
 
   private onAuthOk(f: Extract<ServerFrame, { t: "AUTH_OK" }>): void {
     this.token = f.cursor;
+    this.scheduleRefresh(tokenExpiry(this.sessionToken));
     // `from` is the server's position for this device: the cursor, its rebased value, the head
     // after a rebuild, 0 for a fresh start. During a split the old range plays first (pendingJump).
     if (this.pendingJump === undefined) this.lastApplied = f.from;
@@ -491,5 +527,18 @@ export class JetgateClient {
     if (this.token === undefined) return;
     const c: DeviceCursor = { ...this.token, seq: this.lastApplied };
     this.saveChain = this.saveChain.then(() => this.store.save(c)).catch(() => undefined);
+  }
+}
+
+/** A JWT's `exp` in ms, read without verifying (only to time a refresh); undefined if unreadable. */
+export function tokenExpiry(jwt: string | undefined): number | undefined {
+  const part = jwt?.split(".")[1];
+  if (part === undefined) return undefined;
+  try {
+    const b64 = part.replace(/-/g, "+").replace(/_/g, "/");
+    const json = JSON.parse(atob(b64 + "=".repeat((4 - (b64.length % 4)) % 4))) as { exp?: unknown };
+    return typeof json.exp === "number" ? json.exp * 1000 : undefined;
+  } catch {
+    return undefined;
   }
 }

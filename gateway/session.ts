@@ -21,6 +21,7 @@ import {
   ingressSubject,
   type AckFrame,
   type AuthFrame,
+  type RefreshFrame,
   type CursorToken,
   type Entry,
   type MailboxSeq,
@@ -62,6 +63,8 @@ const FRAME_BYTES = 64 * 1024;
 const PACE_BYTES = 256 * 1024;
 /** Live pushes kept while syncing; beyond it the session re-reads from the stream instead. */
 const MAX_HELD_PUSHES = 10_000;
+/** The longest delay setTimeout honours. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 export class Session {
   state: SessionState = { type: "awaiting_auth" };
@@ -148,7 +151,41 @@ export class Session {
         // Not on the chain: an ingress publish must not wait behind a long catch-up.
         void this.sendUpstream(frame);
         return;
+      case "REFRESH":
+        void this.refresh(frame);
+        return;
     }
+  }
+
+  /**
+   * Closes the session (4401) when its token expires, unless a REFRESH moves the expiry. Node
+   * fires a timer longer than 2^31-1 ms at once, so a far expiry is reached in steps.
+   */
+  private armExpiry(expiresAt: number): void {
+    clearTimeout(this.expiryTimer);
+    const delay = Math.max(0, expiresAt - Date.now());
+    this.expiryTimer = delay > MAX_TIMER_MS
+      ? setTimeout(() => this.armExpiry(expiresAt), MAX_TIMER_MS)
+      : setTimeout(() => this.close(CloseCode.UNAUTHENTICATED, "token expired"), delay);
+  }
+
+  private async refresh(frame: RefreshFrame): Promise<void> {
+    let claims;
+    try {
+      claims = await this.ctx.tokens.verify(frame.token);
+    } catch (err) {
+      this.ctx.metrics.authOutcomes.inc({ case: "unauthorized" });
+      this.fail(ErrorCode.UNAUTHORIZED, `refresh refused: ${(err as Error).message}`, CloseCode.UNAUTHENTICATED);
+      return;
+    }
+    if (this.closed) return;
+    if (claims.user !== this.user || (claims.device !== undefined && claims.device !== this.device)) {
+      this.ctx.metrics.authOutcomes.inc({ case: "unauthorized" });
+      this.fail(ErrorCode.UNAUTHORIZED, "refresh token is for another user or device", CloseCode.UNAUTHENTICATED);
+      return;
+    }
+    this.armExpiry(claims.expiresAt);
+    this.send({ t: "REFRESH_OK", ...(frame.id !== undefined ? { id: frame.id } : {}), exp: claims.expiresAt });
   }
 
   onDrain(): void {
@@ -169,8 +206,10 @@ export class Session {
     clearTimeout(this.expiryTimer);
     this.onDrain();
     this.held = [];
+    // every connection, authenticated or not (one that never sent AUTH used to stay in the set:
+    // a memory leak any client could drive; the fuzzer found it)
+    this.ctx.sessions.remove(this);
     if (this.user !== "") {
-      this.ctx.sessions.remove(this);
       this.flushAck();
       void this.ctx.presence.release(this.user, this.device, this.id, this.authAt).catch(() => undefined);
     }
@@ -291,7 +330,7 @@ export class Session {
     this.user = claims.user;
     this.device = frame.device;
     this.lanes = frame.lanes ? new Set(frame.lanes) : undefined;
-    this.expiryTimer = setTimeout(() => this.close(CloseCode.UNAUTHENTICATED, "token expired"), Math.max(0, claims.expiresAt - Date.now()));
+    this.armExpiry(claims.expiresAt);
     if ((await this.ctx.presence.claim(this.user, this.device, this.id, this.authAt)) === "superseded") {
       this.close(CloseCode.REPLACED, "a newer session of this device exists");
       return;

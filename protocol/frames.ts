@@ -87,13 +87,17 @@ export const SendFrameSchema = z.strictObject({
 
 export const PingFrameSchema = z.strictObject({ t: z.literal("PING"), id: u32.optional() });
 
-export const CLIENT_FRAME_TYPES = ["AUTH", "ACK", "PULL", "SEND", "PING"] as const;
+/** A fresh device JWT for the live session, before the one it authenticated with expires. */
+export const RefreshFrameSchema = z.strictObject({ t: z.literal("REFRESH"), id: u32.optional(), token: z.string().min(1).max(MAX_TOKEN_LENGTH) });
+
+export const CLIENT_FRAME_TYPES = ["AUTH", "ACK", "PULL", "SEND", "PING", "REFRESH"] as const;
 export const ClientFrameSchema = z.discriminatedUnion("t", [
   AuthFrameSchema,
   AckFrameSchema,
   PullFrameSchema,
   SendFrameSchema,
   PingFrameSchema,
+  RefreshFrameSchema,
 ]);
 
 export type DeviceCursor = z.output<typeof DeviceCursorSchema>;
@@ -102,6 +106,7 @@ export type AckFrame = z.output<typeof AckFrameSchema>;
 export type PullFrame = z.output<typeof PullFrameSchema>;
 export type SendFrame = z.output<typeof SendFrameSchema>;
 export type PingFrame = z.output<typeof PingFrameSchema>;
+export type RefreshFrame = z.output<typeof RefreshFrameSchema>;
 export type ClientFrame = z.output<typeof ClientFrameSchema>;
 
 // ---- gateway -> device -------------------------------------------------------------------------
@@ -166,9 +171,11 @@ export const MsgsFrameSchema = z.object({
 export const SyncedFrameSchema = z.object({ t: z.literal("SYNCED"), seq: u64 });
 export const SendOkFrameSchema = z.object({ t: z.literal("SEND_OK"), id: u32, cmid: idSchema("cmid"), dup: z.boolean() });
 export const PongFrameSchema = z.object({ t: z.literal("PONG"), id: u32.optional() });
+/** The session now runs on the refreshed token, until `exp` (ms since the epoch). */
+export const RefreshOkFrameSchema = z.object({ t: z.literal("REFRESH_OK"), id: u32.optional(), exp: timestamp });
 export const GoawayFrameSchema = z.object({ t: z.literal("GOAWAY"), reason: z.string().max(256), retry_ms: z.number().int().min(0) });
 
-export const SERVER_FRAME_TYPES = ["AUTH_OK", "ERROR", "MSGS", "SYNCED", "SEND_OK", "PONG", "GOAWAY"] as const;
+export const SERVER_FRAME_TYPES = ["AUTH_OK", "ERROR", "MSGS", "SYNCED", "SEND_OK", "PONG", "GOAWAY", "REFRESH_OK"] as const;
 export const ServerFrameSchema = z.discriminatedUnion("t", [
   AuthOkFrameSchema,
   ErrorFrameSchema,
@@ -177,6 +184,7 @@ export const ServerFrameSchema = z.discriminatedUnion("t", [
   SendOkFrameSchema,
   PongFrameSchema,
   GoawayFrameSchema,
+  RefreshOkFrameSchema,
 ]);
 
 export type CursorToken = z.output<typeof CursorTokenSchema>;
@@ -189,4 +197,5 @@ export type SyncedFrame = z.output<typeof SyncedFrameSchema>;
 export type SendOkFrame = z.output<typeof SendOkFrameSchema>;
 export type PongFrame = z.output<typeof PongFrameSchema>;
 export type GoawayFrame = z.output<typeof GoawayFrameSchema>;
+export type RefreshOkFrame = z.output<typeof RefreshOkFrameSchema>;
 export type ServerFrame = z.output<typeof ServerFrameSchema>;

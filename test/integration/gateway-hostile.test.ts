@@ -171,3 +171,47 @@ test("hostile flood - X-Forwarded-For counts only when trusted (JETGATE_TRUST_FO
     await behindProxy.kill();
   }
 });
+
+test("hostile auth - token expiry: a REFRESH with a fresh token keeps the session; without it, 4401 at expiry", async () => {
+  const dev = await TestDevice.connect(gateway.httpPort);
+  dev.send({ t: "AUTH", v: 1, token: await deviceToken("refresher", { expiresInS: 2 }), device: "d1" });
+  await dev.next("SYNCED");
+  dev.send({ t: "REFRESH", id: 5, token: await deviceToken("refresher", { expiresInS: 3600 }) });
+  const ok = await dev.next("REFRESH_OK");
+  assert.equal(ok.id, 5);
+  assert.ok(ok.exp > Date.now() + 3_000_000);
+  await sleep(3000);
+  assert.equal(dev.closed, undefined, "past the first token's expiry, still open");
+  await dispatch("refresher", "rf1");
+  await waitFor("still receiving", () => dev.entries().some((e) => e.id === "rf1"));
+  dev.close();
+
+  const lapsed = await TestDevice.connect(gateway.httpPort);
+  lapsed.send({ t: "AUTH", v: 1, token: await deviceToken("refresher", { expiresInS: 1 }), device: "d2" });
+  await lapsed.next("SYNCED");
+  const closed = await lapsed.waitClosed(6000);
+  assert.equal(closed.code, 4401);
+  assert.match(closed.reason, /expired/);
+});
+
+test("hostile auth - REFRESH with another user's token, or an expired one, or before AUTH: UNAUTHORIZED, 4401", async () => {
+  for (const token of [await deviceToken("someone-else"), await deviceToken("refresher2", { expiresInS: -10 }), await deviceToken("refresher2", { device: "other" })]) {
+    const dev = await authed("refresher2");
+    dev.send({ t: "REFRESH", token });
+    assert.equal((await dev.waitClosed()).code, 4401);
+    const err = dev.frames.find((f) => f.t === "ERROR");
+    assert.ok(err?.t === "ERROR" && err.code === "UNAUTHORIZED" && err.fatal);
+  }
+  const early = await TestDevice.connect(gateway.httpPort);
+  early.send({ t: "REFRESH", token: await deviceToken("refresher2") });
+  assert.equal((await early.waitClosed()).code, 4401);
+});
+
+test("hostile auth - a token valid for 60 days does not close the session at once (timer overflow)", async () => {
+  const dev = await TestDevice.connect(gateway.httpPort);
+  dev.send({ t: "AUTH", v: 1, token: await deviceToken("longlived", { expiresInS: 60 * 86_400 }), device: "d1" });
+  await dev.next("SYNCED");
+  await sleep(1500);
+  assert.equal(dev.closed, undefined);
+  dev.close();
+});

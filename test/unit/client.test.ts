@@ -273,3 +273,36 @@ test("client - cursor stores keep seqs above 2^53 and refuse garbage", async () 
   await file.clear();
   assert.equal(await file.load(), undefined);
 });
+
+test("client - refreshes its token before it expires: REFRESH with a fresh token, then again after REFRESH_OK", async () => {
+  const jwt = (expInS: number) => `h.${Buffer.from(JSON.stringify({ sub: "u", exp: Math.floor(Date.now() / 1000) + expInS })).toString("base64url")}.s`;
+  let issued = 0;
+  const { g } = await rig(
+    (c) => c.on((f) => {
+      if (f.t === "AUTH") c.send(authOk(0n), { t: "SYNCED", seq: 0n });
+      if (f.t === "REFRESH") c.send({ t: "REFRESH_OK", exp: (Math.floor(Date.now() / 1000) + 2) * 1000 });
+    }),
+    // the first token has 2 s left: refreshed after ~1 s (never sooner than 1 s); each refresh asks the app again
+    {
+      token: () => {
+        issued++;
+        return jwt(2);
+      },
+    },
+  );
+  await waitFor("a REFRESH", () => g.conns[0]!.got.some((f) => f.t === "REFRESH"), { timeoutMs: 5000 });
+  const first = g.conns[0]!.got.find((f) => f.t === "REFRESH")!;
+  assert.ok(first.t === "REFRESH" && first.token.split(".").length === 3);
+  await waitFor("a second REFRESH after REFRESH_OK", () => g.conns[0]!.got.filter((f) => f.t === "REFRESH").length >= 2, { timeoutMs: 5000 });
+  assert.equal(g.conns.length, 1, "on the same connection");
+  assert.ok(issued >= 3, "the app was asked for a token at AUTH and at each refresh");
+});
+
+test("client - tokenExpiry reads exp without verifying, and nothing from garbage", async () => {
+  const { tokenExpiry } = await import("../../client/client.js");
+  const body = Buffer.from(JSON.stringify({ exp: 1700000000 })).toString("base64url");
+  assert.equal(tokenExpiry(`a.${body}.c`), 1700000000 * 1000);
+  assert.equal(tokenExpiry("jwt"), undefined);
+  assert.equal(tokenExpiry("a.%%%.c"), undefined);
+  assert.equal(tokenExpiry(undefined), undefined);
+});
