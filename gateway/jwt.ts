@@ -29,7 +29,7 @@ export interface TokenVerifier {
 type Key = Uint8Array | KeyObject | CryptoKey | JWTVerifyGetKey;
 
 /** Builds the verifier from JETGATE_JWT_SECRET or JETGATE_JWT_PUBLIC_KEYS_FILE. */
-export async function tokenVerifier(opts: { secret?: string | undefined; publicKeysFile?: string | undefined }): Promise<TokenVerifier> {
+export async function tokenVerifier(opts: { secret?: string | undefined; previousSecret?: string | undefined; publicKeysFile?: string | undefined }): Promise<TokenVerifier> {
   let keys: Key[];
   let algorithms: string[];
   if (opts.publicKeysFile !== undefined) {
@@ -52,7 +52,8 @@ export async function tokenVerifier(opts: { secret?: string | undefined; publicK
       }
     }
   } else if (opts.secret !== undefined) {
-    keys = [new TextEncoder().encode(opts.secret)];
+    // the previous secret is accepted during a rotation, until the tokens signed with it expire
+    keys = [opts.secret, ...(opts.previousSecret !== undefined ? [opts.previousSecret] : [])].map((k) => new TextEncoder().encode(k));
     algorithms = ["HS256"];
   } else {
     throw new TokenError("no JWT key configured: set JETGATE_JWT_SECRET or JETGATE_JWT_PUBLIC_KEYS_FILE");

@@ -52,7 +52,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
     config,
     log,
     metrics,
-    tokens: await tokenVerifier({ secret: config.JETGATE_JWT_SECRET, publicKeysFile: config.JETGATE_JWT_PUBLIC_KEYS_FILE }),
+    tokens: await tokenVerifier({ secret: config.JETGATE_JWT_SECRET, previousSecret: config.JETGATE_JWT_PREVIOUS_SECRET, publicKeysFile: config.JETGATE_JWT_PUBLIC_KEYS_FILE }),
     cursors: cursorSigner(config.JETGATE_CURSOR_KEYS),
     registry,
     reader: new MailboxReader(nc, redis, keys, registry, config.JETGATE_LANES, Math.max(config.JETGATE_STREAM_MAX_AGE_S, config.JETGATE_HOT_CACHE_TTL_S)),

@@ -172,6 +172,8 @@ export const envSchema = z.object({
   JETGATE_GATEWAY_HOST: str("0.0.0.0"),
   JETGATE_GATEWAY_PORT: int(0, 65535, 8080),
   JETGATE_JWT_SECRET: optionalStr,
+  /** During an HS256 secret rotation: the old secret, still accepted (never used to sign). */
+  JETGATE_JWT_PREVIOUS_SECRET: optionalStr,
   JETGATE_JWT_PUBLIC_KEYS_FILE: optionalStr,
   JETGATE_CURSOR_KEYS: keyList,
   JETGATE_SERVICE_TOKEN: optionalStr,
@@ -239,6 +241,7 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       if (c.JETGATE_FAULT_EXIT_AFTER !== "") problems.push("JETGATE_FAULT_EXIT_AFTER: test-only; refused when JETGATE_ENV=production");
       if (c.JETGATE_DEMO_DIR !== undefined) problems.push("JETGATE_DEMO_DIR: the demo page hands out tokens; refused when JETGATE_ENV=production");
     }
+    if (c.JETGATE_JWT_PREVIOUS_SECRET !== undefined && c.JETGATE_JWT_SECRET === undefined) problems.push("JETGATE_JWT_PREVIOUS_SECRET: needs JETGATE_JWT_SECRET");
     const natsAuth = (["JETGATE_NATS_USER", "JETGATE_NATS_TOKEN", "JETGATE_NATS_CREDS_FILE", "JETGATE_NATS_NKEY_SEED_FILE"] as const).filter((k) => c[k] !== undefined);
     if (natsAuth.length > 1) problems.push(`${natsAuth[1]}: set one NATS authentication (${natsAuth.join(", ")} are all set)`);
     if (c.JETGATE_NATS_PASS !== undefined && c.JETGATE_NATS_USER === undefined) problems.push("JETGATE_NATS_PASS: needs JETGATE_NATS_USER");

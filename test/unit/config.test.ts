@@ -52,7 +52,8 @@ test("config - each bad value is named with its variable and reason", () => {
     [{ JETGATE_REDIS_PREFIX: "a:b" }, /^JETGATE_REDIS_PREFIX: /],
     [{ JETGATE_PORT: "1" }, /^JETGATE_PORT: unknown setting/],
     [{ JETGATE_ENV: "production" }, /^JETGATE_CURSOR_KEYS: required when JETGATE_ENV=production/],
-    [{ JETGATE_NATS_TOKEN: "t", JETGATE_NATS_USER: "u" }, /^JETGATE_NATS_TOKEN: set either/],
+    [{ JETGATE_NATS_TOKEN: "t", JETGATE_NATS_USER: "u" }, /^JETGATE_NATS_TOKEN: set one NATS authentication/],
+    [{ JETGATE_JWT_PREVIOUS_SECRET: "old" }, /^JETGATE_JWT_PREVIOUS_SECRET: needs JETGATE_JWT_SECRET/],
     [{ JETGATE_ENV: "production", JETGATE_CURSOR_KEYS: key, JETGATE_JWT_SECRET: "s", JETGATE_FAULT_EXIT_AFTER: "push" }, /^JETGATE_FAULT_EXIT_AFTER: test-only/],
     [{ JETGATE_ENV: "production", JETGATE_CURSOR_KEYS: key, JETGATE_JWT_SECRET: "s", JETGATE_DEMO_DIR: "/x" }, /^JETGATE_DEMO_DIR: the demo page hands out tokens/],
   ];

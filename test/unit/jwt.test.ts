@@ -57,3 +57,11 @@ test("jwt - no key configured, or a key file without keys, is a named error", as
   writeFileSync(empty, "nothing here\n");
   await assert.rejects(tokenVerifier({ publicKeysFile: empty }), TokenError);
 });
+
+test("jwt - HS256 rotation: the previous secret still verifies, a third one does not", async () => {
+  const v = await tokenVerifier({ secret: "new-secret", previousSecret: "old-secret" });
+  const sign = (secret: string) => new SignJWT({}).setProtectedHeader({ alg: "HS256" }).setSubject("u").setExpirationTime("1h").sign(new TextEncoder().encode(secret));
+  assert.equal((await v.verify(await sign("new-secret"))).user, "u");
+  assert.equal((await v.verify(await sign("old-secret"))).user, "u");
+  await assert.rejects(v.verify(await sign("other-secret")), TokenError);
+});
