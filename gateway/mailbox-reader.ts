@@ -57,10 +57,31 @@ return 1
 type RaiseClient = RedisClient & { jgRaiseWatermark(key: string, lane: string, seq20: string, ttl: number): Promise<number> };
 
 const TRIM_CACHE_MS = 1000;
+/** Stream reads (each a short-lived consumer) at once per gateway. */
+const STREAM_READS = 32;
+
+/** A counting semaphore: waiters are served in arrival order. */
+class Semaphore {
+  private readonly waiters: (() => void)[] = [];
+  constructor(private free: number) {}
+  async acquire(): Promise<void> {
+    if (this.free > 0) {
+      this.free--;
+      return;
+    }
+    await new Promise<void>((r) => this.waiters.push(r));
+  }
+  release(): void {
+    const next = this.waiters.shift();
+    if (next) next();
+    else this.free++;
+  }
+}
 
 export class MailboxReader {
   private jsm: JetStreamManager | undefined;
   private readonly trims = new Map<number, { at: number; trim: Promise<MailboxSeq> }>();
+  private readonly streamReads = new Semaphore(STREAM_READS);
   private readonly js;
 
   constructor(
@@ -165,8 +186,12 @@ export class MailboxReader {
   ): AsyncGenerator<{ entries: Entry[]; source: Source }> {
     const limit = opts.limit ?? Number.MAX_SAFE_INTEGER;
     const ca = opts.wm?.cacheCompleteAfter;
-    if (ca !== undefined && ca <= after && opts.wm?.from === "redis") {
-      const got = await this.readCache(user, after, opts.until, limit);
+    // The cache starts after the cursor (a device with nothing yet, or a cache begun after a flush):
+    // one direct get says whether the stream holds anything of the user in between. Without it, a
+    // reconnect storm of such devices is a storm of stream consumers.
+    const covered = ca !== undefined && opts.wm?.from === "redis" && (ca <= after || (await this.nothingBetween(shard, user, after, ca)));
+    if (covered) {
+      const got = await this.readCache(user, after, ca > after ? ca : after, opts.until, limit);
       if (got !== undefined) {
         for (let i = 0; i < got.length; i += opts.pageSize ?? 256) yield { entries: got.slice(i, i + (opts.pageSize ?? 256)), source: "cache" };
         return;
@@ -175,14 +200,31 @@ export class MailboxReader {
     yield* this.readStream(shard, user, after, opts.until, limit, opts.pageSize ?? 256);
   }
 
+  /** True when the stream has no entry of `user` with seq in (after, until]. */
+  private async nothingBetween(shard: number, user: string, after: MailboxSeq, until: MailboxSeq): Promise<boolean> {
+    const s = this.shard(shard);
+    const jsm = await this.manager();
+    // next_by_subj scans the stream from the cursor's offset: bounded like stream reads, so a storm
+    // of fresh devices queues here rather than timing out in nats-server
+    await this.streamReads.acquire();
+    const m = await jsm.direct.getMessage(shardStream(shard), { seq: Number(seqOffset(after)) + 1, next_by_subj: userSubjects(shard, user) }).catch((err: unknown) => {
+      if (isNotFound(err)) return null;
+      throw err;
+    }).finally(() => this.streamReads.release());
+    if (m === null) return true;
+    const seq = deriveSeq(s, s.log, m.seq);
+    return seq !== undefined && seq > until;
+  }
+
   /** The cached entries after `after`, or undefined when the cache turned out not to cover it. */
-  private async readCache(user: string, after: MailboxSeq, until: MailboxSeq | undefined, limit: number): Promise<Entry[] | undefined> {
+  private async readCache(user: string, after: MailboxSeq, verified: MailboxSeq, until: MailboxSeq | undefined, limit: number): Promise<Entry[] | undefined> {
     const start = `(${seqEpoch(after)}-${seqOffset(after)}`;
     const end = until === undefined ? "+" : `${seqEpoch(until)}-${seqOffset(until)}`;
     const rows = await this.redis.xrangeBuffer(this.keys.hotCache(user), start, end, "COUNT", Math.min(limit, 100_000));
-    // The cache may have been trimmed or flushed between reading `_ca` and here: check it again.
+    // The cache may have been trimmed or flushed between reading `_ca` and here: check it again
+    // (`verified`: the point up to which the stream was seen to hold nothing the cache lacks).
     const ca = await this.redis.hget(this.keys.watermarks(user), "_ca");
-    if (ca === null || BigInt(ca) > after) return undefined;
+    if (ca === null || BigInt(ca) > verified) return undefined;
     const out: Entry[] = [];
     for (const [, f] of rows) {
       const field = (name: string): Buffer | undefined => {
@@ -198,7 +240,12 @@ export class MailboxReader {
     return out;
   }
 
-  /** Reads the shard stream for the user's subjects, offsets after `after`'s, deriving seqs. */
+  /**
+   * Reads the shard stream for the user's subjects, offsets after `after`'s, deriving seqs. The
+   * consumer set-up (the JetStream API calls) runs at most STREAM_READS at a time per gateway, so a
+   * reconnect storm queues here instead of timing out in the API (the storm benchmark found that);
+   * the reading itself is not limited, so a slow device never holds up others.
+   */
   private async *readStream(
     shard: number,
     user: string,
@@ -210,21 +257,33 @@ export class MailboxReader {
     const s = this.shard(shard);
     const jsm = await this.manager();
     const stream = shardStream(shard);
-    const info = await jsm.streams.info(stream);
-    const last = info.state.last_seq;
-    const startOffset = Math.max(Number(seqOffset(after)) + 1, info.state.first_seq);
-    const untilOffset = until === undefined ? last : Math.min(last, Number(seqOffset(until)));
-    if (startOffset > untilOffset || limit <= 0) return;
     const name = `rd_${randomBytes(6).toString("hex")}`;
-    const created = await jsm.consumers.add(stream, {
-      name,
-      filter_subject: userSubjects(shard, user),
-      deliver_policy: DeliverPolicy.StartSequence,
-      opt_start_seq: startOffset,
-      ack_policy: AckPolicy.None,
-      mem_storage: true,
-      inactive_threshold: 30_000_000_000,
-    });
+    await this.streamReads.acquire();
+    let created;
+    let consumer;
+    let untilOffset;
+    try {
+      const info = await jsm.streams.info(stream);
+      const last = info.state.last_seq;
+      const startOffset = Math.max(Number(seqOffset(after)) + 1, info.state.first_seq);
+      untilOffset = until === undefined ? last : Math.min(last, Number(seqOffset(until)));
+      if (startOffset > untilOffset || limit <= 0) return;
+      created = await jsm.consumers.add(stream, {
+        name,
+        filter_subject: userSubjects(shard, user),
+        deliver_policy: DeliverPolicy.StartSequence,
+        opt_start_seq: startOffset,
+        ack_policy: AckPolicy.None,
+        mem_storage: true,
+        inactive_threshold: 30_000_000_000,
+      });
+      consumer = await this.js.consumers.get(stream, name);
+    } catch (err) {
+      if (created !== undefined) await jsm.consumers.delete(stream, name).catch(() => undefined);
+      throw err;
+    } finally {
+      this.streamReads.release();
+    }
     // The consumer knows how many of the user's entries lie ahead: read exactly those, so a read
     // never waits for a fetch to expire (and a user with nothing there costs one request).
     let remaining = created.num_pending;
@@ -233,7 +292,6 @@ export class MailboxReader {
     // for the first of a lane (the receiver has everything up to there; 0 means nothing before).
     const lastInLane = new Map<string, MailboxSeq>();
     try {
-      const consumer = await this.js.consumers.get(stream, name);
       let done = remaining === 0;
       while (!done && sent < limit) {
         const page: Entry[] = [];

@@ -226,6 +226,29 @@ test("gateway live - catch-up is right from the hot cache and, after a Redis FLU
   const head = (await flushed.next("AUTH_OK")).head;
   assert.equal(head, flushed.entries().at(-1)!.seq, "the head rebuilt from the stream");
   assert.equal(await r.hget(`jg:{u:${user}}:wm`, "default"), head.toString().padStart(20, "0"), "watermark written back");
-  r.disconnect();
   flushed.close();
+
+  // after the flush the cache starts again at the next entry: a device behind it is still served
+  // from the stream (c5..c9 lie between), one with nothing in between from the cache
+  // another user's entry on the same shard first, so the cache's start is not right after c9
+  const neighbour = Array.from({ length: 200 }, (_, i) => `nb${i}`).find((u) => stack.registry.shards.shardOf(u) === stack.registry.shards.shardOf(user))!;
+  await dispatcher.dispatch({ dispatch_id: "nb", message_id: "nb", lane: "default", recipients: [neighbour], body: new Uint8Array(1) });
+  await send(10, 12);
+  await waitFor("the cache restarted", async () => (await r.xlen(`jg:{u:${user}}:hc`)) === 2);
+  const streamBefore2 = await fromStream();
+  const behind = await TestDevice.connect(gateway.httpPort);
+  behind.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "d1", cursor });
+  await behind.next("SYNCED");
+  assert.deepEqual(behind.entries().map((e) => e.id), ["c5", "c6", "c7", "c8", "c9", "c10", "c11"]);
+  assert.equal((await fromStream()) - streamBefore2, 7, "entries before the cache's start come from the stream");
+  const upToDate = { ...cursor, seq: behind.entries().find((e) => e.id === "c9")!.seq };
+  behind.close();
+  const cacheBefore2 = await fromCache();
+  const near = await TestDevice.connect(gateway.httpPort);
+  near.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "d1", cursor: upToDate });
+  await near.next("SYNCED");
+  assert.deepEqual(near.entries().map((e) => e.id), ["c10", "c11"]);
+  assert.equal((await fromCache()) - cacheBefore2, 2, "nothing in the stream between the cursor and the cache's start: from the cache");
+  near.close();
+  r.disconnect();
 });
