@@ -72,6 +72,8 @@ export interface RunnerDeps {
 }
 
 const CONSUMER_PREFIX = "w_";
+/** How long a read of the registry head confirms the epoch for (see confirmEpoch). */
+const CONFIRM_FRESH_MS = 50;
 
 interface Item {
   msg: JsMsg;
@@ -90,6 +92,8 @@ export class ShardRunner {
   private loop: Promise<void> = Promise.resolve();
   private lastOffset = 0;
   private lastSeq = 0n;
+  /** When (performance.now()) the registry head was last read and still showed this epoch. */
+  private confirmedAt = -Infinity;
   /** Start of this runner's own boundary; offsets below it are numbered by older boundaries. */
   private boundaryStart = 1;
   private readonly js: JetStreamClient;
@@ -395,12 +399,20 @@ export class ShardRunner {
     }
   }
 
-  /** True once the registry, read up to its head, still shows `epoch`; retried while NATS is away. */
+  /**
+   * True once the registry, read up to its head, still shows `epoch`; retried while NATS is away.
+   * A confirmation younger than CONFIRM_FRESH_MS (monotonic clock, which also runs while the
+   * process is stopped) stands for the next batches: a worker woken from SIGSTOP, or stalled for
+   * any other reason, always reads the head again before it pushes.
+   */
   private async confirmEpoch(epoch: number): Promise<boolean> {
+    if (performance.now() - this.confirmedAt < CONFIRM_FRESH_MS) return this.isCurrent(epoch);
     for (let attempt = 0; ; attempt++) {
       if (!this.isCurrent(epoch)) return false;
       try {
+        const asked = performance.now();
         await this.d.registry.sync();
+        this.confirmedAt = asked;
         return this.isCurrent(epoch);
       } catch (err) {
         if (attempt % 10 === 0) this.d.log.warn({ shard: this.shard, err: (err as Error).message }, "cannot confirm the epoch; retrying");
