@@ -1,0 +1,187 @@
+/**
+ * The device load generator of `npm run bench`, the same for every system, run as its own process
+ * (bench/compare/run.ts starts it under `ulimit -n <hard limit>`). Devices speak the system's
+ * protocol: jetgate's (JWT AUTH, cursor on reconnect), the uws-limit server's (jetgate frames, AUTH
+ * names the user) or Socket.IO's (socket.io-client, msgpack parser, connection state recovery).
+ * Every entry body starts with its producer's wall-clock time (float64 ms), so latency is measured
+ * across processes on one machine.
+ *
+ * Commands, one JSON object per stdin line; one JSON answer per stdout line:
+ *   {"cmd":"connect","count":N,"prefix":"u"}  -> {"ready":N,"ms":..}  (all SYNCED / connected)
+ *   {"cmd":"report"}                          -> {"received","first","last","p50","p99","max"}
+ *   {"cmd":"wait","expect":K}                 -> {"waited_ms"}        (each device has K entries)
+ *   {"cmd":"drop"}                            -> {"dropped":N}        (sockets closed as by a network loss)
+ *   {"cmd":"reconnect","expect":K,"deadlineMs":D} -> {"synced_ms","complete_ms","synced","completed","received","timed_out"}
+ *   {"cmd":"exit"}
+ */
+import { createInterface } from "node:readline";
+import WebSocket from "ws";
+import { SignJWT } from "jose";
+import { io as ioClient, type Socket } from "socket.io-client";
+import msgpackParser from "socket.io-msgpack-parser";
+import { DEV_JWT_SECRET, decodeServerFrame, encodeFrame, type CursorToken } from "../../protocol/index.js";
+
+type SystemName = "jetgate" | "uws-limit" | "socketio";
+const system = process.argv[2] as SystemName;
+const url = process.argv[3]!;
+const key = new TextEncoder().encode(process.env.JETGATE_JWT_SECRET ?? DEV_JWT_SECRET);
+const now = () => performance.timeOrigin + performance.now();
+const send = (o: object) => process.stdout.write(JSON.stringify(o) + "\n");
+
+let latencies: number[] = [];
+/** Connections that closed before SYNCED and were tried again. */
+let retries = 0;
+let first = 0;
+let last = 0;
+
+function onEntryBody(b: Uint8Array): void {
+  const t = now();
+  if (b.byteLength >= 8) latencies.push(t - new DataView(b.buffer, b.byteOffset, 8).getFloat64(0));
+  if (first === 0) first = t;
+  last = t;
+}
+
+interface Device {
+  user: string;
+  /** Resolves once the device is SYNCED (connected, for Socket.IO) after the current (re)connect. */
+  connect(): Promise<void>;
+  drop(): void;
+  /** Entries received since the last (re)connect. */
+  received: number;
+}
+
+function jetgateDevice(user: string, token: string): Device {
+  let ws: WebSocket | undefined;
+  let cursor: CursorToken | undefined;
+  let seq = 0n;
+  const onMessage = (data: Buffer, synced: () => void) => {
+    const f = decodeServerFrame(new Uint8Array(data));
+    if (f.t === "AUTH_OK") cursor = f.cursor;
+    else if (f.t === "ERROR" && f.new_cursor) cursor = f.new_cursor;
+    else if (f.t === "SYNCED") synced();
+    else if (f.t === "MSGS") {
+      for (const e of f.e) {
+        d.received++;
+        if (e.seq > seq) seq = e.seq;
+        onEntryBody(e.b);
+      }
+    }
+  };
+  // A connection closed before SYNCED is tried again after a short random pause, as the SDK does.
+  const attempt = (resolve: () => void) => {
+    let synced = false;
+    ws = new WebSocket(url);
+    ws.binaryType = "nodebuffer";
+    ws.on("error", () => undefined);
+    ws.on("close", () => {
+      if (synced) return;
+      retries++;
+      setTimeout(() => attempt(resolve), 100 + Math.random() * 400);
+    });
+    ws.on("open", () => {
+      const c = cursor ? { cursor: { ...cursor, seq } } : {};
+      ws!.send(encodeFrame({ t: "AUTH", v: 1, token: system === "jetgate" ? token : user, device: "bench", ...c }));
+    });
+    ws.on("message", (data: Buffer) =>
+      onMessage(data, () => {
+        synced = true;
+        resolve();
+      }),
+    );
+  };
+  const d: Device = {
+    user,
+    received: 0,
+    connect: () =>
+      new Promise<void>((resolve) => {
+        d.received = 0;
+        attempt(resolve);
+      }),
+    drop: () => ws?.terminate(),
+  };
+  return d;
+}
+
+function socketioDevice(user: string): Device {
+  let s: Socket | undefined;
+  const d: Device = {
+    user,
+    received: 0,
+    connect: () =>
+      new Promise<void>((resolve, reject) => {
+        d.received = 0;
+        if (s === undefined) {
+          s = ioClient(url, { transports: ["websocket"], parser: msgpackParser, auth: { user }, reconnection: false });
+          s.on("e", (m: { b: Uint8Array }) => {
+            d.received++;
+            onEntryBody(m.b);
+          });
+        } else s.connect(); // with the session id and offset kept: connection state recovery
+        s.once("synced", () => resolve());
+        s.once("connect_error", reject);
+      }),
+    // a transport close, as on a network loss: the server keeps the session for recovery
+    drop: () => s?.io.engine.close(),
+  };
+  return d;
+}
+
+const devices: Device[] = [];
+
+async function connectAll(count: number, prefix: string): Promise<void> {
+  for (let i = devices.length; i < count; i++) {
+    const user = `${prefix}${i}`;
+    const token = system === "jetgate"
+      ? await new SignJWT({}).setProtectedHeader({ alg: "HS256" }).setSubject(user).setExpirationTime(Math.floor(Date.now() / 1000) + 86400).sign(key)
+      : "";
+    devices.push(system === "socketio" ? socketioDevice(user) : jetgateDevice(user, token));
+  }
+  // in waves: a connection storm is its own scenario
+  for (let i = 0; i < devices.length; i += 250) await Promise.all(devices.slice(i, i + 250).map((d) => d.connect()));
+}
+
+const lines = createInterface({ input: process.stdin });
+for await (const line of lines) {
+  const cmd = JSON.parse(line) as { cmd: string; count?: number; prefix?: string; expect?: number; deadlineMs?: number };
+  if (cmd.cmd === "connect") {
+    const t0 = now();
+    await connectAll(cmd.count!, cmd.prefix ?? "u");
+    send({ ready: devices.length, ms: Math.round(now() - t0), retries });
+  } else if (cmd.cmd === "report") {
+    const sorted = latencies.sort((a, b) => a - b);
+    const q = (p: number) => Number((sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))] ?? 0).toFixed(2));
+    send({ received: sorted.length, first, last, p50: q(0.5), p99: q(0.99), max: q(1) });
+    latencies = [];
+    first = last = 0;
+  } else if (cmd.cmd === "wait") {
+    // every device has received `expect` entries on its current connection
+    const t0 = now();
+    while (devices.some((d) => d.received < (cmd.expect ?? 0))) await new Promise((r) => setTimeout(r, 10));
+    send({ waited_ms: Math.round(now() - t0) });
+  } else if (cmd.cmd === "drop") {
+    for (const d of devices) d.drop();
+    send({ dropped: devices.length });
+  } else if (cmd.cmd === "reconnect") {
+    // all at once; done when every device is SYNCED and has its `expect` missed entries, or at the
+    // deadline (what was done by then is reported)
+    const t0 = now();
+    const expect = cmd.expect ?? 0;
+    const deadline = t0 + (cmd.deadlineMs ?? 120_000);
+    let synced = 0;
+    let syncedAt = 0;
+    for (const d of devices) {
+      void d.connect().then(() => {
+        if (++synced === devices.length) syncedAt = now();
+      });
+    }
+    const completed = () => devices.filter((d) => d.received >= expect).length;
+    while (now() < deadline && (synced < devices.length || completed() < devices.length)) await new Promise((r) => setTimeout(r, 5));
+    const done = synced === devices.length && completed() === devices.length;
+    send({
+      synced_ms: syncedAt > 0 ? Math.round(syncedAt - t0) : null, complete_ms: done ? Math.round(now() - t0) : null,
+      synced, completed: completed(), received: devices.reduce((n, d) => n + d.received, 0), retries, timed_out: !done, elapsed_ms: Math.round(now() - t0),
+    });
+  } else if (cmd.cmd === "exit") {
+    process.exit(0);
+  }
+}

@@ -1,0 +1,220 @@
+/**
+ * jetgate side by side with the ceiling of its WebSocket layer (uws-limit) and with Socket.IO, in
+ * one run, on one machine, with one device load generator (bench/compare/devices.ts, its own
+ * process).
+ *
+ *   npm run bench -- <fanout|idle|storm|catchup> [--devices N] [--seconds S] [--entries N]
+ *                    [--systems jetgate,uws-limit,socketio] [--json]
+ *
+ * fanout:  N devices (1,000), entries to random users: the throughput each system sustains (sent as
+ *          fast as it takes them for S seconds, measured at the devices), then p50/p99
+ *          dispatch-to-device latency at half of it.
+ * idle:    N authenticated idle devices (15,000): server RSS per connection.
+ * storm:   N devices (10,000) each miss 10 entries while offline, then reconnect at once (with their
+ *          cursors / recovery state): time until every one is SYNCED with its entries; peak RSS.
+ * catchup: one device --entries (100,000) behind: entries/s until SYNCED.
+ * With --json: one object per line per system, then a summary line of throughput ratios.
+ */
+import { parseArgs } from "node:util";
+import { cpus } from "node:os";
+import { readFileSync } from "node:fs";
+import { LineProcess, SYSTEMS, startSystem, type System, type SystemName } from "./systems.js";
+
+const { values, positionals } = parseArgs({
+  allowPositionals: true,
+  options: {
+    devices: { type: "string" },
+    seconds: { type: "string", default: "8" },
+    entries: { type: "string", default: "100000" },
+    "idle-seconds": { type: "string", default: "60" },
+    "deadline-seconds": { type: "string", default: "120" },
+    systems: { type: "string", default: SYSTEMS.join(",") },
+    json: { type: "boolean", default: false },
+  },
+});
+const SCENARIOS = { fanout: 1000, idle: 15_000, storm: 10_000, catchup: 1 } as const;
+type Scenario = keyof typeof SCENARIOS;
+const scenario = positionals[0] as Scenario;
+if (!(scenario in SCENARIOS)) {
+  console.error(`usage: npm run bench -- <${Object.keys(SCENARIOS).join("|")}> [--devices N] [--seconds S] [--entries N] [--systems a,b] [--json]`);
+  process.exit(64);
+}
+const devices = Number(values.devices ?? SCENARIOS[scenario]);
+const seconds = Number(values.seconds);
+const entries = Number(values.entries);
+const idleSeconds = Number(values["idle-seconds"]);
+const deadlineSeconds = Number(values["deadline-seconds"]);
+const systems = values.systems.split(",") as SystemName[];
+for (const s of systems) if (!SYSTEMS.includes(s)) throw new Error(`unknown system ${s}; one of ${SYSTEMS.join(", ")}`);
+
+function rssMb(pid: number): number {
+  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
+  return Number(m?.[1] ?? 0) / 1024;
+}
+
+function cpuSeconds(pid: number): number {
+  const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+  return (Number(f[11]) + Number(f[12])) / 100;
+}
+
+/** CPU share of each process of the system (and the device generator) between start and stop. */
+function cpuShares(pids: Record<string, number>) {
+  const t0 = performance.now();
+  const c0 = Object.fromEntries(Object.entries(pids).map(([k, pid]) => [k, cpuSeconds(pid)]));
+  return () => {
+    const secs = (performance.now() - t0) / 1000;
+    return Object.entries(pids).map(([k, pid]) => `${k}:${Math.round(((cpuSeconds(pid) - c0[k]!) / secs) * 100)}%`).join(",");
+  };
+}
+
+/** Samples a process's RSS (peak) and CPU share between start and stop. */
+function meter(pid: number) {
+  const cpu0 = cpuSeconds(pid);
+  const t0 = performance.now();
+  let peak = rssMb(pid);
+  const timer = setInterval(() => (peak = Math.max(peak, rssMb(pid))), 100);
+  return {
+    stop() {
+      clearInterval(timer);
+      peak = Math.max(peak, rssMb(pid));
+      return { peakMb: Math.round(peak), cpuPct: Math.round(((cpuSeconds(pid) - cpu0) / ((performance.now() - t0) / 1000)) * 100) };
+    },
+  };
+}
+
+interface Row {
+  scenario: Scenario;
+  system: SystemName;
+  devices: number;
+  entries_per_s: number | null;
+  p50_ms: number | null;
+  p99_ms: number | null;
+  server_rss_mb: number;
+  server_cpu_pct: number;
+  [extra: string]: unknown;
+}
+
+/** BENCH_DEBUG=1: each step of a scenario on stderr, with the time. */
+const step = (what: string) => {
+  if (process.env.BENCH_DEBUG) console.error(`${new Date().toISOString()} ${what}`);
+};
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Reports until the devices have received nothing new for a second (the system has drained). */
+async function settled(gen: LineProcess): Promise<Record<string, number>> {
+  const all: Record<string, number>[] = [];
+  for (;;) {
+    await sleep(1000);
+    const r = await gen.ask({ cmd: "report" });
+    all.push(r);
+    if (r.received === 0 && all.length > 1) break;
+  }
+  // latencies are per report; throughput spans them all
+  const got = all.filter((r) => r.received! > 0);
+  return {
+    received: got.reduce((n, r) => n + r.received!, 0),
+    first: Math.min(...got.map((r) => r.first!)),
+    last: Math.max(...got.map((r) => r.last!)),
+    p50: Math.max(...got.map((r) => r.p50!)),
+    p99: Math.max(...got.map((r) => r.p99!)),
+    max: Math.max(...got.map((r) => r.max!)),
+  };
+}
+
+async function fanout(sys: System, gen: LineProcess): Promise<Row> {
+  await gen.ask({ cmd: "connect", count: devices, prefix: "u" });
+  const m = meter(sys.serverPid);
+  const shares = cpuShares({ ...sys.pids, devices: gen.proc.pid! });
+  const sent = await sys.sendFor(seconds, devices);
+  const max = await settled(gen);
+  const cpu = m.stop();
+  const cpuMax = shares();
+  const rate = Math.round((max.received! / (max.last! - max.first!)) * 1000);
+  // half load: latency is measured from a report that covers only this phase
+  await gen.ask({ cmd: "report" });
+  const sentHalf = await sys.sendFor(seconds, devices, Math.max(1, Math.floor(rate / 2)));
+  await sleep(1500);
+  const half = await gen.ask({ cmd: "report" });
+  return {
+    scenario, system: sys.name, devices, entries_per_s: rate, p50_ms: half.p50!, p99_ms: half.p99!, server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct,
+    cpu_max: cpuMax, sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received, half_rate: Math.floor(rate / 2),
+  };
+}
+
+/**
+ * RSS per idle connection in steady state: what the server holds once the garbage of the connect
+ * burst is collected. V8 collects it by itself when allocation stops (its memory reducer, here
+ * 30-45 s after a burst), so the connections stay idle for --idle-seconds (60) before the reading;
+ * the peak right after connecting is reported too.
+ */
+async function idle(sys: System, gen: LineProcess): Promise<Row> {
+  await sleep(500);
+  const before = rssMb(sys.serverPid);
+  const m = meter(sys.serverPid);
+  const conn = await gen.ask({ cmd: "connect", count: devices, prefix: "u" });
+  await sleep(idleSeconds * 1000);
+  const after = rssMb(sys.serverPid);
+  const cpu = m.stop();
+  const perConn = (mb: number) => Number((((mb - before) * 1024) / devices).toFixed(2));
+  return {
+    scenario, system: sys.name, devices, entries_per_s: null, p50_ms: null, p99_ms: null, server_rss_mb: Math.round(after), server_cpu_pct: cpu.cpuPct,
+    rss_before_mb: Math.round(before), rss_per_conn_kib: perConn(after), peak_rss_mb: cpu.peakMb, peak_per_conn_kib: perConn(cpu.peakMb), idle_s: idleSeconds, connect_ms: conn.ms,
+  };
+}
+
+async function storm(sys: System, gen: LineProcess, perUser: number): Promise<Row> {
+  step("connect");
+  await gen.ask({ cmd: "connect", count: devices, prefix: "u" });
+  // in sync first (each device has its user's latest entry), then offline while entries arrive
+  step("one entry each");
+  await sys.sendEach(devices, 1);
+  await gen.ask({ cmd: "wait", expect: 1 });
+  step("drop");
+  await gen.ask({ cmd: "drop" });
+  await sleep(1000);
+  step(`${perUser} entries each, offline`);
+  await sys.sendEach(devices, perUser);
+  await gen.ask({ cmd: "report" });
+  step("reconnect");
+  const m = meter(sys.serverPid);
+  const shares = cpuShares({ ...sys.pids, devices: gen.proc.pid! });
+  const r = await gen.ask({ cmd: "reconnect", expect: perUser, deadlineMs: deadlineSeconds * 1000 });
+  const cpu = m.stop();
+  const cpuAll = shares();
+  await gen.ask({ cmd: "report" });
+  const total = devices * perUser;
+  const timedOut = (r.timed_out as unknown) === true;
+  return {
+    scenario, system: sys.name, devices, entries_per_s: Math.round((r.received! / r.elapsed_ms!) * 1000), p50_ms: null, p99_ms: null,
+    server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu: cpuAll, retries: r.retries, synced_ms: r.synced_ms, complete_ms: r.complete_ms,
+    synced: r.synced, completed: r.completed, received: r.received, entries_behind: perUser,
+    note: timedOut ? `not done after ${deadlineSeconds} s: ${r.completed} of ${devices} devices complete, ${r.received} of ${total} entries` : undefined,
+  };
+}
+
+const rows: Row[] = [];
+const machine = `${cpus().length} cores (${cpus()[0]?.model.trim()}), node ${process.version}`;
+if (!values.json) console.log(`bench ${scenario}: ${devices} devices; ${machine}; ${new Date().toISOString()}`);
+for (const name of systems) {
+  const sys = await startSystem(name);
+  const gen = LineProcess.node("bench/compare/devices.ts", [name, sys.url]);
+  try {
+    const row = scenario === "fanout" ? await fanout(sys, gen)
+      : scenario === "idle" ? await idle(sys, gen)
+      : scenario === "storm" ? await storm(sys, gen, 10)
+      : { ...(await storm(sys, gen, entries)), scenario };
+    rows.push(row);
+    if (values.json) console.log(JSON.stringify(row));
+    else console.log(Object.entries(row).filter(([, v]) => v !== undefined).map(([k, v]) => `${k}=${v}`).join("  "));
+  } finally {
+    gen.proc.stdin!.write(JSON.stringify({ cmd: "exit" }) + "\n");
+    await gen.stop();
+    await sys.stop();
+  }
+}
+const rate = (s: SystemName) => rows.find((r) => r.system === s)?.entries_per_s ?? null;
+const ratio = (a: number | null, b: number | null) => (a !== null && b !== null && b > 0 ? Number((a / b).toFixed(3)) : null);
+const summary = { scenario, summary: true, ratio_vs_limit: ratio(rate("jetgate"), rate("uws-limit")), ratio_vs_socketio: ratio(rate("jetgate"), rate("socketio")), machine, date: new Date().toISOString() };
+console.log(values.json ? JSON.stringify(summary) : Object.entries(summary).map(([k, v]) => `${k}=${v}`).join("  "));
+process.exit(0);

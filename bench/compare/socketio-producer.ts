@@ -1,0 +1,65 @@
+/**
+ * Emits entries to users' rooms from its own process, through the Redis streams adapter: a Socket.IO
+ * server that serves no connections, the documented way to emit from another process.
+ *
+ *   node --import tsx bench/compare/socketio-producer.ts <redis-url>
+ * Commands (JSON lines): {"cmd":"send","seconds":S,"users":N,"rate"?:R} -> {"sent":N};
+ * {"cmd":"each","users":N,"perUser":K,"prefix":"u"} -> {"sent":N} (K entries to each of N users).
+ */
+import { createInterface } from "node:readline";
+import { Server } from "socket.io";
+import { createAdapter } from "@socket.io/redis-streams-adapter";
+import { Redis } from "ioredis";
+
+// the benchmark stops Redis before this process: errors then are expected and not worth a trace
+const redis = new Redis(process.argv[2]!);
+redis.on("error", () => undefined);
+const io = new Server({ connectionStateRecovery: { maxDisconnectionDuration: 10 * 60_000 }, adapter: createAdapter(redis, { maxLen: 2_000_000 }) });
+let n = 0;
+
+function emit(user: string): void {
+  const b = new Uint8Array(64);
+  new DataView(b.buffer).setFloat64(0, performance.timeOrigin + performance.now());
+  io.to(`u:${user}`).emit("e", { id: `x${n++}`, b });
+}
+
+/** Waits until Redis has taken everything queued so far (bounds what is in flight). */
+const settle = () => redis.ping();
+
+for await (const line of createInterface({ input: process.stdin })) {
+  const cmd = JSON.parse(line) as { cmd: string; seconds?: number; users?: number; rate?: number; perUser?: number; prefix?: string };
+  const prefix = cmd.prefix ?? "u";
+  if (cmd.cmd === "send") {
+    const until = performance.now() + (cmd.seconds ?? 10) * 1000;
+    let sent = 0;
+    const pick = () => `${prefix}${Math.floor(Math.random() * cmd.users!)}`;
+    if (cmd.rate === undefined) {
+      while (performance.now() < until) {
+        for (let i = 0; i < 500; i++) emit(pick());
+        sent += 500;
+        await settle();
+      }
+    } else {
+      const perTick = Math.max(1, Math.round(cmd.rate / 100));
+      while (performance.now() < until) {
+        const t = performance.now();
+        for (let i = 0; i < perTick; i++) emit(pick());
+        sent += perTick;
+        const wait = 10 - (performance.now() - t);
+        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+      }
+    }
+    await settle();
+    process.stdout.write(JSON.stringify({ sent }) + "\n");
+  } else if (cmd.cmd === "each") {
+    let sent = 0;
+    for (let k = 0; k < cmd.perUser!; k++) {
+      for (let u = 0; u < cmd.users!; u++) {
+        emit(`${prefix}${u}`);
+        if (++sent % 500 === 0) await settle();
+      }
+    }
+    await settle();
+    process.stdout.write(JSON.stringify({ sent }) + "\n");
+  } else if (cmd.cmd === "exit") process.exit(0);
+}

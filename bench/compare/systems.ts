@@ -1,0 +1,211 @@
+/**
+ * The three systems `npm run bench` compares, each started fresh on its own servers:
+ * jetgate (dispatch -> JetStream -> worker -> gateway), uws-limit (bare uWebSockets.js sending from
+ * memory) and socketio (Socket.IO 4.8 + msgpack parser + Redis streams adapter, a producer process).
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { createInterface, type Interface } from "node:readline";
+import { connect, type NatsConnection } from "@nats-io/transport-node";
+import { Dispatcher, RegistryClient } from "../../protocol/index.js";
+import { RedisServer, freePort } from "../../test/harness/servers.js";
+import { initStack, spawnGateway, spawnWorker, startInfra, type Infra, type JetgateProcess } from "../../test/harness/stack.js";
+import { waitFor } from "../../test/harness/wait.js";
+
+export type SystemName = "jetgate" | "uws-limit" | "socketio";
+export const SYSTEMS: SystemName[] = ["jetgate", "uws-limit", "socketio"];
+
+export interface System {
+  name: SystemName;
+  /** Where devices connect. */
+  url: string;
+  /** The device-facing server process (RSS and CPU are reported for it). */
+  serverPid: number;
+  /** Every process of the system, by role, for CPU shares. */
+  pids: Record<string, number>;
+  /** Entries to random users of `users`, as fast as the system takes them (or at `rate`/s), for `seconds`. */
+  sendFor(seconds: number, users: number, rate?: number): Promise<number>;
+  /** `perUser` entries to each of users 0..users-1 while they are offline; resolves once they are stored. */
+  sendEach(users: number, perUser: number): Promise<void>;
+  /** The server's recent log lines (for a run that went wrong). */
+  logs(): string[];
+  stop(): Promise<void>;
+}
+
+/** A child process spoken to in JSON lines. */
+export class LineProcess {
+  private readonly lines: Interface;
+  private readonly waiting: ((o: Record<string, number>) => void)[] = [];
+  constructor(readonly proc: ChildProcess) {
+    this.lines = createInterface({ input: proc.stdout! });
+    this.lines.on("line", (l) => {
+      if (!l.startsWith("{")) return;
+      this.waiting.shift()?.(JSON.parse(l) as Record<string, number>);
+    });
+  }
+
+  static node(script: string, args: string[], env: Record<string, string> = {}): LineProcess {
+    // every process raises its own open-file limit to the hard limit first
+    const cmd = `ulimit -n "$(ulimit -Hn)"; exec "${process.execPath}" --import tsx ${script} ${args.map((a) => `'${a}'`).join(" ")}`;
+    return new LineProcess(spawn("sh", ["-c", cmd], { stdio: ["pipe", "pipe", "inherit"], env: { ...process.env, ...env } }));
+  }
+
+  next(): Promise<Record<string, number>> {
+    return new Promise((resolve) => this.waiting.push(resolve));
+  }
+
+  async ask(o: object): Promise<Record<string, number>> {
+    const answer = this.next();
+    this.proc.stdin!.write(JSON.stringify(o) + "\n");
+    return answer;
+  }
+
+  async stop(): Promise<void> {
+    if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
+    this.proc.kill("SIGKILL");
+    await new Promise((r) => this.proc.once("exit", r));
+  }
+}
+
+export async function startSystem(name: SystemName): Promise<System> {
+  if (name === "jetgate") return startJetgate();
+  if (name === "uws-limit") return startUwsLimit();
+  return startSocketio();
+}
+
+async function startJetgate(): Promise<System> {
+  const infra: Infra = await startInfra({
+    JETGATE_SHARDS: "4", JETGATE_LOG_LEVEL: "error", JETGATE_RATE_USER_FRAMES_PER_S: "100000",
+    JETGATE_MAX_CONNS_PER_IP: "0", JETGATE_AUTH_TIMEOUT_MS: "60000",
+  });
+  const procs: JetgateProcess[] = [];
+  await initStack(infra.env);
+  // BENCH_PROFILE=gateway|worker: that process runs under --cpu-prof (profile written on stop)
+  const prof = (who: string) => (process.env.BENCH_PROFILE === who ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR ?? "bench/profiles"}`] : []);
+  const worker = await spawnWorker(infra.env, {}, prof("worker"));
+  const gateway = await spawnGateway(infra.env, { JETGATE_DRAIN_MS: "1000" }, prof("gateway"));
+  procs.push(worker, gateway);
+  await waitFor("the worker owns every shard", async () => (await worker.metric("jetgate_worker_lease_held")) === 4, { timeoutMs: 30_000 });
+  const nc: NatsConnection = await connect({ servers: infra.nats.url });
+  const registry = await RegistryClient.open(nc);
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], maxInFlight: 5000 });
+  let n = 0;
+  const body = () => {
+    const b = new Uint8Array(64);
+    new DataView(b.buffer).setFloat64(0, performance.timeOrigin + performance.now());
+    return b;
+  };
+  const processed = () => worker.metric("jetgate_worker_entries_processed_total");
+  return {
+    name: "jetgate",
+    url: `ws://127.0.0.1:${gateway.httpPort}/v1/ws`,
+    serverPid: gateway.pid,
+    // the Dispatcher runs in the benchmark's own process: it is jetgate's producer
+    pids: { gateway: gateway.pid, worker: worker.pid, nats: infra.nats.pid!, redis: infra.redis.pid!, producer: process.pid },
+    logs: () => [...gateway.output.slice(-20), ...worker.output.slice(-20)],
+    async sendFor(seconds, users, rate) {
+      const until = performance.now() + seconds * 1000;
+      const one = () => {
+        const id = `b${n++}`;
+        return d.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: [`u${Math.floor(Math.random() * users)}`], body: body() });
+      };
+      let sent = 0;
+      const inFlight = new Set<Promise<unknown>>();
+      if (rate === undefined) {
+        while (performance.now() < until) {
+          const p = one();
+          sent++;
+          inFlight.add(p);
+          void p.finally(() => inFlight.delete(p));
+          if (inFlight.size >= 5000) await Promise.race(inFlight);
+        }
+      } else {
+        const perTick = Math.max(1, Math.round(rate / 100));
+        while (performance.now() < until) {
+          const t = performance.now();
+          for (let i = 0; i < perTick; i++) {
+            const p = one();
+            inFlight.add(p);
+            void p.finally(() => inFlight.delete(p));
+          }
+          sent += perTick;
+          const wait = 10 - (performance.now() - t);
+          if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+        }
+      }
+      await Promise.all(inFlight);
+      return sent;
+    },
+    async sendEach(users, perUser) {
+      const before = await processed();
+      const inFlight = new Set<Promise<unknown>>();
+      const recipients = (from: number) => Array.from({ length: Math.min(100, users - from) }, (_, i) => `u${from + i}`);
+      for (let k = 0; k < perUser; k++) {
+        for (let u = 0; u < users; u += 100) {
+          const id = `s${n++}`;
+          const p = d.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: recipients(u), body: body() });
+          inFlight.add(p);
+          void p.finally(() => inFlight.delete(p));
+          if (inFlight.size >= 200) await Promise.race(inFlight);
+        }
+      }
+      await Promise.all(inFlight);
+      // stored and processed by the worker: the devices' catch-up is what is measured, not the worker
+      await waitFor("the worker processed the entries", async () => (await processed()) >= before + users * perUser, { timeoutMs: 600_000, intervalMs: 200 });
+    },
+    async stop() {
+      d.close();
+      await registry.close();
+      await nc.close();
+      // SIGTERM: a profiled process writes its profile on the way out
+      for (const p of procs) await p.kill(process.env.BENCH_PROFILE ? "SIGTERM" : "SIGKILL");
+      await infra.dispose();
+    },
+  };
+}
+
+async function startUwsLimit(): Promise<System> {
+  const port = await freePort();
+  const server = LineProcess.node("bench/compare/uws-limit-server.ts", [String(port)]);
+  await server.next();
+  return {
+    name: "uws-limit",
+    url: `ws://127.0.0.1:${port}/v1/ws`,
+    serverPid: server.proc.pid!,
+    pids: { server: server.proc.pid! },
+    logs: () => [],
+    async sendFor(seconds, _users, rate) {
+      return (await server.ask({ cmd: "send", seconds, ...(rate !== undefined ? { rate } : {}) })).sent!;
+    },
+    async sendEach(_users, perUser) {
+      // from memory: now to connected devices, at the next AUTH to offline ones
+      await server.ask({ cmd: "each", perUser });
+    },
+    stop: () => server.stop(),
+  };
+}
+
+async function startSocketio(): Promise<System> {
+  const redis = await RedisServer.start();
+  const port = await freePort();
+  const server = LineProcess.node("bench/compare/socketio-server.ts", [String(port), redis.url]);
+  await server.next();
+  const producer = LineProcess.node("bench/compare/socketio-producer.ts", [redis.url]);
+  return {
+    name: "socketio",
+    url: `http://127.0.0.1:${port}`,
+    serverPid: server.proc.pid!,
+    pids: { server: server.proc.pid!, producer: producer.proc.pid!, redis: redis.pid! },
+    logs: () => [],
+    async sendFor(seconds, users, rate) {
+      return (await producer.ask({ cmd: "send", seconds, users, ...(rate !== undefined ? { rate } : {}) })).sent!;
+    },
+    async sendEach(users, perUser) {
+      await producer.ask({ cmd: "each", users, perUser });
+    },
+    async stop() {
+      await producer.stop();
+      await server.stop();
+      await redis.dispose();
+    },
+  };
+}

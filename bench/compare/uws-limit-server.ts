@@ -1,0 +1,140 @@
+/**
+ * The ceiling of the WebSocket layer: a bare uWebSockets.js server that sends jetgate's MSGS frames
+ * from memory, as fast as backpressure allows, to devices that AUTH with their user id. No NATS,
+ * no Redis, no schema checks: whatever jetgate delivers per core can be compared with this.
+ *
+ *   node --import tsx bench/compare/uws-limit-server.ts <port>
+ * Commands on stdin (JSON lines), answers on stdout:
+ *   {"cmd":"send","seconds":S}            as fast as possible for S seconds, to random users -> {"sent":N}
+ *   {"cmd":"send","seconds":S,"rate":R}   R entries/s for S seconds                           -> {"sent":N}
+ *   {"cmd":"each","perUser":K}            K entries to every user: now to a connected device, at
+ *                                         its next AUTH (before SYNCED) to one that is offline
+ */
+import { createInterface } from "node:readline";
+import uws from "uWebSockets.js";
+import { decodeClientFrame, encodeEntry, encodeFrame, encodeMsgsFrame } from "../../protocol/index.js";
+
+const port = Number(process.argv[2]);
+const HIGH_WATER = 256 * 1024;
+
+interface Conn {
+  ws: uws.WebSocket<{ user: string }>;
+  /** Entries waiting for the socket to drain. */
+  queue: number;
+  /** Missed entries still to send before SYNCED. */
+  missed: number;
+  live: boolean;
+}
+
+const byUser = new Map<string, Conn>();
+const users: string[] = [];
+const known = new Set<string>();
+/** Entries kept for users who were offline when they were sent. */
+const pending = new Map<string, number>();
+let seq = 0;
+
+// One frame, encoded once; each send writes the current time into its body (the latency stamp).
+const marker = new Uint8Array(64).fill(0xab);
+const template = encodeMsgsFrame(0, [encodeEntry({ seq: 1n << 40n, id: "x0000000", lane: "default", prev: null, ts: Date.now(), b: marker })]);
+const stampAt = Buffer.from(template).indexOf(Buffer.from(marker));
+const frame = new Uint8Array(template);
+const stamp = new DataView(frame.buffer, frame.byteOffset + stampAt, 8);
+
+/** Sends one entry unless the socket is over its high water mark; false when it is. */
+function sendOne(c: Conn): boolean {
+  if (c.ws.getBufferedAmount() > HIGH_WATER) return false;
+  stamp.setFloat64(0, performance.timeOrigin + performance.now());
+  seq++;
+  c.ws.send(frame, true);
+  return true;
+}
+
+/** Sends what waits (missed entries, then queued live ones) while the socket takes it. */
+function flush(c: Conn): void {
+  while (c.missed > 0 && sendOne(c)) c.missed--;
+  if (c.missed > 0) return;
+  if (!c.live) {
+    c.live = true;
+    c.ws.send(encodeFrame({ t: "SYNCED", seq: BigInt(seq) }), true);
+  }
+  while (c.queue > 0 && sendOne(c)) c.queue--;
+}
+
+uws
+  .App()
+  .ws<{ user: string }>("/v1/ws", {
+    maxPayloadLength: 64 * 1024,
+    maxBackpressure: 64 * 1024 * 1024,
+    idleTimeout: 0,
+    message: (ws, message) => {
+      const f = decodeClientFrame(new Uint8Array(message.slice(0)));
+      if (f.t !== "AUTH") return;
+      const user = f.token;
+      ws.getUserData().user = user;
+      const c: Conn = { ws, queue: 0, missed: pending.get(user) ?? 0, live: false };
+      pending.delete(user);
+      if (!known.has(user)) {
+        known.add(user);
+        users.push(user);
+      }
+      byUser.set(user, c);
+      flush(c);
+    },
+    drain: (ws) => {
+      const c = byUser.get(ws.getUserData().user);
+      if (c?.ws === ws) flush(c);
+    },
+    close: (ws) => {
+      const user = ws.getUserData().user;
+      if (byUser.get(user)?.ws === ws) byUser.delete(user);
+    },
+  })
+  .listen("127.0.0.1", port, (ok) => {
+    if (!ok) throw new Error(`cannot listen on ${port}`);
+    process.stdout.write(JSON.stringify({ listening: port }) + "\n");
+  });
+
+function toRandomUser(): void {
+  const c = byUser.get(users[Math.floor(Math.random() * users.length)]!);
+  if (c === undefined || !c.live) return;
+  if (c.queue > 0 || !sendOne(c)) c.queue++;
+}
+
+async function sendFor(seconds: number, rate: number | undefined): Promise<number> {
+  const until = performance.now() + seconds * 1000;
+  let sent = 0;
+  if (rate === undefined) {
+    while (performance.now() < until) {
+      for (let i = 0; i < 1000; i++) toRandomUser();
+      sent += 1000;
+      await new Promise((r) => setImmediate(r)); // let the sockets write and drain
+    }
+    return sent;
+  }
+  const tickMs = 10;
+  const perTick = Math.max(1, Math.round((rate * tickMs) / 1000));
+  while (performance.now() < until) {
+    const t = performance.now();
+    for (let i = 0; i < perTick; i++) toRandomUser();
+    sent += perTick;
+    const wait = tickMs - (performance.now() - t);
+    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+  }
+  return sent;
+}
+
+for await (const line of createInterface({ input: process.stdin })) {
+  const cmd = JSON.parse(line) as { cmd: string; seconds?: number; rate?: number; perUser?: number };
+  if (cmd.cmd === "send") process.stdout.write(JSON.stringify({ sent: await sendFor(cmd.seconds ?? 10, cmd.rate) }) + "\n");
+  else if (cmd.cmd === "each") {
+    const k = cmd.perUser ?? 0;
+    for (const user of users) {
+      const c = byUser.get(user);
+      if (c?.live) {
+        c.queue += k;
+        flush(c);
+      } else pending.set(user, (pending.get(user) ?? 0) + k);
+    }
+    process.stdout.write(JSON.stringify({ each: k }) + "\n");
+  } else if (cmd.cmd === "exit") process.exit(0);
+}
