@@ -18,6 +18,7 @@
 import { parseArgs } from "node:util";
 import { cpus } from "node:os";
 import { readFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
 import { LineProcess, SYSTEMS, startSystem, type System, type SystemName } from "./systems.js";
 
 const { values, positionals } = parseArgs({
@@ -47,14 +48,23 @@ const deadlineSeconds = Number(values["deadline-seconds"]);
 const systems = values.systems.split(",") as SystemName[];
 for (const s of systems) if (!SYSTEMS.includes(s)) throw new Error(`unknown system ${s}; one of ${SYSTEMS.join(", ")}`);
 
+/** A process that has exited reads as NaN (and shows as such in the row) instead of ending the run. */
+function proc(pid: number, file: string): string | undefined {
+  try {
+    return readFileSync(`/proc/${pid}/${file}`, "utf8");
+  } catch {
+    return undefined;
+  }
+}
+
 function rssMb(pid: number): number {
-  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
-  return Number(m?.[1] ?? 0) / 1024;
+  const m = /VmRSS:\s+(\d+) kB/.exec(proc(pid, "status") ?? "");
+  return m ? Number(m[1]) / 1024 : NaN;
 }
 
 function cpuSeconds(pid: number): number {
-  const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
-  return (Number(f[11]) + Number(f[12])) / 100;
+  const f = proc(pid, "stat")?.split(") ")[1]?.split(" ");
+  return f ? (Number(f[11]) + Number(f[12])) / 100 : NaN;
 }
 
 /** CPU share of each process of the system (and the device generator) between start and stop. */
@@ -72,11 +82,15 @@ function meter(pid: number) {
   const cpu0 = cpuSeconds(pid);
   const t0 = performance.now();
   let peak = rssMb(pid);
-  const timer = setInterval(() => (peak = Math.max(peak, rssMb(pid))), 100);
+  const timer = setInterval(() => {
+    const r = rssMb(pid);
+    if (!Number.isNaN(r)) peak = Math.max(peak, r);
+  }, 100);
   return {
     stop() {
       clearInterval(timer);
-      peak = Math.max(peak, rssMb(pid));
+      const r = rssMb(pid);
+      if (!Number.isNaN(r)) peak = Math.max(peak, r);
       return { peakMb: Math.round(peak), cpuPct: Math.round(((cpuSeconds(pid) - cpu0) / ((performance.now() - t0) / 1000)) * 100) };
     },
   };
@@ -145,11 +159,12 @@ async function fanout(sys: System, gen: LineProcess): Promise<Row> {
 /**
  * RSS per idle connection in steady state: what the server holds once the garbage of the connect
  * burst is collected. V8 collects it by itself when allocation stops (its memory reducer, here
- * 30-45 s after a burst), so the connections stay idle for --idle-seconds (60) before the reading;
- * the peak right after connecting is reported too.
+ * 30-45 s after a burst), so the server idles --idle-seconds (60) before the baseline reading, and
+ * the connections idle as long before the second; the peak after connecting is reported too.
  */
 async function idle(sys: System, gen: LineProcess): Promise<Row> {
-  await sleep(500);
+  // the baseline in steady state too: the start-up's garbage is collected the same way
+  await sleep(idleSeconds * 1000);
   const before = rssMb(sys.serverPid);
   const m = meter(sys.serverPid);
   const conn = await gen.ask({ cmd: "connect", count: devices, prefix: "u" });
@@ -191,6 +206,12 @@ async function storm(sys: System, gen: LineProcess, perUser: number): Promise<Ro
     synced: r.synced, completed: r.completed, received: r.received, entries_behind: perUser,
     note: timedOut ? `not done after ${deadlineSeconds} s: ${r.completed} of ${devices} devices complete, ${r.received} of ${total} entries` : undefined,
   };
+}
+
+// jetgate runs compiled, as in its container image (npm run build; see test/harness/stack.ts)
+if (systems.includes("jetgate")) {
+  execFileSync("npm", ["run", "--silent", "build"], { stdio: ["ignore", "ignore", "inherit"] });
+  process.env.JETGATE_HARNESS_DIST = "1";
 }
 
 const rows: Row[] = [];

@@ -18,7 +18,16 @@ async function natsCluster(): Promise<NatsServer[]> {
   const ports = await Promise.all([freePort(), freePort(), freePort()]);
   const conf = (i: number) =>
     `server_name: n${i}\ncluster {\n  name: jg\n  listen: "127.0.0.1:${routes[i]}"\n  routes: [${routes.map((p) => `"nats-route://127.0.0.1:${p}"`).join(", ")}]\n}\n`;
-  return Promise.all([0, 1, 2].map((i) => NatsServer.start({ config: conf(i), port: ports[i]! })));
+  return startAll([0, 1, 2].map((i) => () => NatsServer.start({ config: conf(i), port: ports[i]! })));
+}
+
+/** Starts servers together; if one fails, the others are disposed before the error goes on. */
+async function startAll<T extends { dispose(): Promise<void> }>(starts: (() => Promise<T>)[]): Promise<T[]> {
+  const settled = await Promise.allSettled(starts.map((s) => s()));
+  const failed = settled.find((r) => r.status === "rejected");
+  if (failed === undefined) return settled.map((r) => (r as PromiseFulfilledResult<T>).value);
+  await Promise.all(settled.flatMap((r) => (r.status === "fulfilled" ? [r.value.dispose()] : [])));
+  throw (failed as PromiseRejectedResult).reason;
 }
 
 test("fault - 3-node NATS cluster, R3 streams: the stream leader is SIGKILLed", async () => {
@@ -52,16 +61,21 @@ test("fault - 3-node NATS cluster, R3 streams: the stream leader is SIGKILLed", 
 
 async function redisCluster(): Promise<RedisServer[]> {
   const args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"];
-  const nodes = await Promise.all([0, 1, 2].map(() => RedisServer.start({ args })));
+  // the bus port on a free port of its own (by default it is port + 10000, which may be taken)
+  const busPorts = await Promise.all([freePort(), freePort(), freePort()]);
+  const nodes = await startAll(busPorts.map((bus) => () => RedisServer.start({ args: [...args, "--cluster-port", String(bus)] })));
   const clients = await Promise.all(nodes.map((n) => redisClient(n.url)));
   try {
     const ranges = [[0, 5460], [5461, 10922], [10923, 16383]] as const;
     await Promise.all(clients.map((c, i) => c.call("CLUSTER", "ADDSLOTSRANGE", String(ranges[i]![0]), String(ranges[i]![1]))));
-    for (const n of nodes.slice(1)) await clients[0]!.call("CLUSTER", "MEET", "127.0.0.1", String(n.port));
+    for (let i = 1; i < nodes.length; i++) await clients[0]!.call("CLUSTER", "MEET", "127.0.0.1", String(nodes[i]!.port), String(busPorts[i]));
     await waitFor("the Redis cluster is ok", async () => {
       const infos = await Promise.all(clients.map((c) => c.call("CLUSTER", "INFO") as Promise<string>));
       return infos.every((i) => i.includes("cluster_state:ok") && i.includes("cluster_known_nodes:3"));
     }, { timeoutMs: 20_000 });
+  } catch (err) {
+    await Promise.all(nodes.map((n) => n.dispose()));
+    throw err;
   } finally {
     for (const c of clients) c.disconnect();
   }

@@ -119,7 +119,11 @@ async function spawnJetgate(
   nodeArgs: string[],
 ): Promise<JetgateProcess> {
   const port = extra[portVar] !== undefined ? Number(extra[portVar]) : await freePort();
-  const proc = spawn(process.execPath, [...nodeArgs, "--import", "tsx", script], {
+  // JETGATE_HARNESS_DIST=1 runs the compiled build (npm run build), as the container image does;
+  // benchmarks use it: tsx's transform gives every function expression an own `name` property,
+  // which costs memory per closure that production code does not pay
+  const entry = process.env.JETGATE_HARNESS_DIST === "1" ? [`dist/${script.replace(/\.ts$/, ".js")}`] : ["--import", "tsx", script];
+  const proc = spawn(process.execPath, [...nodeArgs, ...entry], {
     cwd: ROOT,
     env: { PATH: process.env.PATH ?? "", JETGATE_GATEWAY_HOST: "127.0.0.1", ...env, ...extra, [portVar]: String(port) },
     stdio: ["ignore", "pipe", "pipe"],
