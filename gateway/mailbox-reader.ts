@@ -128,6 +128,12 @@ export class MailboxReader {
     return trim;
   }
 
+  /** The user's head as Redis has it (`_all`), or undefined: a cheap check, never the stream. */
+  async cachedHead(user: string): Promise<MailboxSeq | undefined> {
+    const v = await this.redis.hget(this.keys.watermarks(user), "_all");
+    return v !== null && /^\d{1,20}$/.test(v) ? BigInt(v) : undefined;
+  }
+
   /** Lane watermarks; rebuilt from the stream (and written back) when Redis has none. */
   async watermarks(shard: number, user: string): Promise<Watermarks> {
     const h = await this.redis.hgetall(this.keys.watermarks(user));

@@ -46,6 +46,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   const keys = new RedisKeys(config.JETGATE_REDIS_PREFIX);
   const metrics = new GatewayMetrics();
   const sessions = new SessionRegistry(nc, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log);
+  sessions.startTailChecks(config.JETGATE_TAIL_CHECK_S);
   const presence = new Presence(redis, keys, nc, gatewayId, (k) => sessions.kick(k.user, k.device, k.session));
   presence.start();
   const ctx: GatewayContext = {

@@ -20,6 +20,7 @@ export class GatewayMetrics {
   readonly regressions: Counter<"component">;
   readonly dispatchRequests: Counter<"status">;
   readonly refusedUpgrades: Counter<"reason">;
+  readonly tailFills: Counter;
 
   constructor() {
     const registers = [this.registry];
@@ -42,6 +43,7 @@ export class GatewayMetrics {
     this.regressions = c("jetgate_mailbox_seq_regression_total", "A seq to send at or below the last sent on its connection: dropped (must stay 0).", ["component"]);
     this.dispatchRequests = c("jetgate_gateway_dispatch_requests_total", "POST /v1/dispatch requests by HTTP status.", ["status"]);
     this.refusedUpgrades = c("jetgate_gateway_refused_upgrades_total", "WebSocket upgrades refused before a session, by reason (per_ip).", ["reason"]);
+    this.tailFills = c("jetgate_gateway_tail_fills_total", "Live sessions found behind their user's head by the periodic tail check (a lost last push), and filled.");
     this.regressions.inc({ component: "gateway" }, 0);
   }
 }

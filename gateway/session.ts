@@ -19,6 +19,7 @@ import {
   encodeMsgsFrame,
   ingressMsgId,
   ingressSubject,
+  seqEpoch,
   type AckFrame,
   type AuthFrame,
   type RefreshFrame,
@@ -27,6 +28,7 @@ import {
   type MailboxSeq,
   type PullFrame,
   type Push,
+  type RegistryState,
   type SendFrame,
   type ServerFrame,
 } from "../protocol/index.js";
@@ -65,6 +67,13 @@ const PACE_BYTES = 256 * 1024;
 const MAX_HELD_PUSHES = 10_000;
 /** The longest delay setTimeout honours. */
 const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** Whether the registry has seen the cursor's shard, its (epoch, log) and the epoch of its seq. */
+function registryKnows(state: RegistryState, c: { shard: number; epoch: number; log: string; seq: MailboxSeq }): boolean {
+  const s = state.shards.get(c.shard);
+  if (s === undefined || c.epoch > s.epoch || seqEpoch(c.seq) > s.epoch) return false;
+  return s.boundaries.some((b) => b.epoch === c.epoch && b.log === c.log);
+}
 
 export class Session {
   state: SessionState = { type: "awaiting_auth" };
@@ -340,9 +349,14 @@ export class Session {
     if (this.closed) return; // a newer session of the device is here already
     clearTimeout(this.authTimer);
 
+    const cursor = frame.cursor;
+    // A cursor from a newer registry view than this gateway's (another gateway served it after a
+    // takeover this one has not followed yet): read the registry head before deciding, or the
+    // cursor would look expired or forged (the NATS R3 fault scenario found that).
+    if (cursor !== undefined && !registryKnows(this.ctx.registry.state, cursor)) await this.ctx.registry.sync().catch(() => undefined);
+    if (this.closed) return;
     const userShard = this.ctx.registry.shards.shardOf(this.user);
     if (userShard === undefined) throw new Error("no shard owns this user");
-    const cursor = frame.cursor;
     const wm = await this.ctx.reader.watermarks(userShard, this.user);
     const trims = new Map<number, MailboxSeq>([[userShard, await this.ctx.reader.trim(userShard)]]);
     if (cursor !== undefined && cursor.shard !== userShard && this.ctx.registry.state.shards.has(cursor.shard)) {
@@ -428,6 +442,27 @@ export class Session {
     if (this.closed) return;
     this.send({ t: "SYNCED", seq: this.lastSent });
     this.state = { type: "live" };
+  }
+
+  /**
+   * Anti-entropy for live sessions: a push lost with no later entry of the user (a NATS node dying
+   * with it in flight) would otherwise wait for the device's next reconnect. The registry of
+   * sessions calls this every JETGATE_TAIL_CHECK_S per session: when the user's head (the Redis
+   * watermark; one HGET) is past what this session accounted for, the rest is read and sent
+   * through the session's chain, in order with live pushes. Found by the NATS R3 fault scenario.
+   */
+  checkTail(): void {
+    if (this.state.type !== "live" || !this.chainIdle) return;
+    this.enqueue(async () => {
+      // Redis only: the worker raises the watermark before it pushes, so a lost push shows there
+      const head = await this.ctx.reader.cachedHead(this.user).catch(() => undefined);
+      if (head === undefined || head <= this.lastKnown || this.closed) return;
+      const wm = await this.ctx.reader.watermarks(this.shard, this.user);
+      this.ctx.metrics.tailFills.inc();
+      for await (const page of this.ctx.reader.read(this.shard, this.user, this.lastKnown, { wm })) {
+        await this.emit(this.shard, page.entries, true);
+      }
+    });
   }
 
   private async releaseHeld(): Promise<void> {

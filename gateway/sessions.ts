@@ -132,7 +132,22 @@ export class SessionRegistry {
     }
   }
 
+  /** Every session gets a tail check once per `everyS`, spread over the period (0: never). */
+  startTailChecks(everyS: number): void {
+    if (everyS <= 0) return;
+    let tick = 0;
+    this.tailTimer = setInterval(() => {
+      tick++;
+      let i = 0;
+      for (const s of this.all) if (i++ % everyS === tick % everyS) s.checkTail();
+    }, 1000);
+    this.tailTimer.unref();
+  }
+
+  private tailTimer: NodeJS.Timeout | undefined;
+
   close(): void {
+    clearInterval(this.tailTimer);
     for (const u of this.users.values()) u.sub.unsubscribe();
     this.users.clear();
   }

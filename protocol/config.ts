@@ -197,6 +197,8 @@ export const envSchema = z.object({
   JETGATE_MAX_CONNS_PER_IP: int(0, 1_000_000, 2000),
   /** Take the client address from the last X-Forwarded-For hop (only behind a proxy that sets it). */
   JETGATE_TRUST_FORWARDED_FOR: bool(false),
+  /** Each live session compares its position with the user's head this often (0 = never). */
+  JETGATE_TAIL_CHECK_S: int(0, 3600, 30),
 });
 
 export type Env = z.output<typeof envSchema>;

@@ -236,7 +236,7 @@ export interface ScenarioResult {
  */
 export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult> {
   const users = Array.from({ length: opts.users ?? 40 }, (_, i) => `fu${i}`);
-  const run = new FaultRun({ JETGATE_LEASE_MS: "1000", JETGATE_RATE_USER_FRAMES_PER_S: "100000", JETGATE_SHARDS: "2", ...opts.env }, users);
+  const run = new FaultRun({ JETGATE_LEASE_MS: "1000", JETGATE_RATE_USER_FRAMES_PER_S: "100000", JETGATE_SHARDS: "2", JETGATE_TAIL_CHECK_S: "5", ...opts.env }, users);
   let load: { stop: () => Promise<void> } | undefined;
   let chaos: { stop: () => Promise<void> } | undefined;
   try {
@@ -289,7 +289,10 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
         const near = d.applied.map((e) => `${e.id}@${e.seq.toString(16)}`).join(" ");
         assert.fail(`${d.user}/${d.name}: ${missing.length} entries missing: ${seqs.join(" ")}; applied: ${near}; stats ${JSON.stringify(d.client.stats)} state ${JSON.stringify(d.client.state)}`);
       }
-      for (let i = 1; i < d.applied.length; i++) assert.ok(d.applied[i]!.seq > d.applied[i - 1]!.seq, `${d.user}: seqs increase`);
+      for (let i = 1; i < d.applied.length; i++) {
+        const [a, b] = [d.applied[i - 1]!, d.applied[i]!];
+        assert.ok(b.seq > a.seq, `${d.user}/${d.name}: seqs increase, but ${a.id}@${a.seq.toString(16)} came before ${b.id}@${b.seq.toString(16)}; stats ${JSON.stringify(d.client.stats)}`);
+      }
       delivered += got.filter((id) => want.has(id)).length;
       duplicates += d.client.stats.duplicatesDropped + d.pastSdkDuplicates + d.appDuplicates;
       sdkRegressions += d.client.stats.mailboxSeqRegressionCount + d.pastSdkRegressions;

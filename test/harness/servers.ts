@@ -238,3 +238,12 @@ export class RedisServer extends ServerProcess {
     });
   }
 }
+
+/** Starts servers together; if one fails, the others are disposed before the error goes on. */
+export async function startAll<T extends { dispose(): Promise<void> }>(starts: (() => Promise<T>)[]): Promise<T[]> {
+  const settled = await Promise.allSettled(starts.map((s) => s()));
+  const failed = settled.find((r) => r.status === "rejected");
+  if (failed === undefined) return settled.map((r) => (r as PromiseFulfilledResult<T>).value);
+  await Promise.all(settled.flatMap((r) => (r.status === "fulfilled" ? [r.value.dispose()] : [])));
+  throw (failed as PromiseRejectedResult).reason;
+}
