@@ -31,7 +31,6 @@ import {
   encodePush,
   entrySubject,
   logOfStream,
-  parentCut,
   parseEntrySubject,
   processingStart,
   pushSubject,
@@ -136,14 +135,21 @@ export class ShardRunner {
         const cur = s.shards.get(this.shard);
         if (cur !== undefined && cur.epoch > epoch) this.fence(cur.epoch);
       });
-      if (!(await this.waitForParentCut(jsm, epoch))) return;
-      const consumer = await this.js.consumers.get(this.stream, consumerName(epoch));
-      this.messages = await consumer.consume({
-        max_messages: this.d.config.JETGATE_WORKER_BATCH * 2,
-        abort_on_missing_resource: true,
-      });
-      this.loop = this.consumeLoop(this.messages, epoch);
       this.d.log.info({ shard: this.shard, epoch, startOffset }, "shard taken over");
+      this.loop = (async () => {
+        try {
+          const consumer = await this.js.consumers.get(this.stream, consumerName(epoch));
+          this.messages = await consumer.consume({
+            max_messages: this.d.config.JETGATE_WORKER_BATCH * 2,
+            abort_on_missing_resource: true,
+          });
+          if (this.stateValue.type !== "running") this.messages.stop();
+          else await this.consumeLoop(this.messages, epoch);
+        } catch (err) {
+          this.d.log.error({ shard: this.shard, err }, "consuming failed");
+          this.halt(`consuming failed: ${(err as Error).message}`);
+        }
+      })();
     } catch (err) {
       this.d.log.error({ shard: this.shard, err }, "takeover failed");
       this.stateValue = { type: "stopped", reason: `takeover failed: ${(err as Error).message}` };
@@ -202,27 +208,7 @@ export class ShardRunner {
     return deriveSeq(s, s.log, offset) ?? composeSeq(epoch, offset);
   }
 
-  /**
-   * A split's child waits until its parent has processed every entry up to the cut, so that a moved
-   * user's entries enter watermarks and the hot cache in seq order (parent's first). False when
-   * the runner stopped meanwhile.
-   */
-  private async waitForParentCut(jsm: JetStreamManager, epoch: number): Promise<boolean> {
-    for (let attempt = 0; ; attempt++) {
-      if (!this.isCurrent(epoch)) return false;
-      const state = this.d.registry.state.shards;
-      const self = state.get(this.shard)!;
-      const cut = parentCut(self, state.get(self.splits.find((x) => x.child === this.shard)?.parent ?? -1));
-      if (cut === undefined) return true;
-      const consumers = await listWorkerConsumers(jsm, shardStream(cut.parent)).catch(() => []);
-      const info = await jsm.streams.info(shardStream(cut.parent)).catch(() => undefined);
-      const floor = Math.max(0, ...consumers.map((c) => c.ack_floor.stream_seq));
-      // Done when the parent's floor passed the cut, or retention already removed everything up to it.
-      if (floor >= cut.offset || (info !== undefined && info.state.first_seq > cut.offset)) return true;
-      if (attempt % 25 === 0) this.d.log.info({ shard: this.shard, parent: cut.parent, cut: cut.offset, floor }, "waiting for the parent to reach the split cut");
-      await new Promise((r) => setTimeout(r, 200));
-    }
-  }
+
 
   private fence(newEpoch: number): void {
     if (this.stateValue.type !== "running") return;

@@ -44,11 +44,11 @@ interface Synced {
 }
 
 /** AUTH (with a cursor, maybe) and wait for SYNCED, or until `expect` more entries arrived. */
-async function session(user: string, cursor?: DeviceCursor, expect = 0): Promise<Synced> {
+async function session(user: string, cursor?: DeviceCursor, expect = 0, timeoutMs = 10_000): Promise<Synced> {
   const dev = await TestDevice.connect(gateway.httpPort);
   dev.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "phone", ...(cursor ? { cursor } : {}) });
   await dev.next("SYNCED");
-  await waitFor(`${expect} entries`, () => dev.entries().length >= expect);
+  await waitFor(`${expect} entries`, () => dev.entries().length >= expect, { timeoutMs });
   const ok = await dev.next("AUTH_OK");
   const entries = dev.entries();
   return { dev, ok, entries, errors: dev.frames.filter((f): f is Extract<ServerFrame, { t: "ERROR" }> => f.t === "ERROR"), cursor: cursorOf(dev) };
@@ -225,7 +225,8 @@ test("gateway auth - a user moved by a split: old range first, then the new shar
   assert.equal(registry.shards.shardOf(moved), 2);
   await waitFor("a worker runs the child shard", async () => (await stack.worker!.metric("jetgate_worker_lease_held", { shard: "2" })) === 1, { timeoutMs: 15_000 });
   const after = await send(moved, 2);
-  const s = await session(moved, cursor, 4);
+  // the child pushes once its parent has processed up to the cut (a takeover of the parent first)
+  const s = await session(moved, cursor, 4, 30_000);
   const rebased = s.errors[0]!;
   assert.equal(rebased.code, "CURSOR_REBASED");
   assert.deepEqual(rebased.old_range && { shard: rebased.old_range.shard, after: rebased.old_range.after }, { shard: 1, after: cursor.seq });
