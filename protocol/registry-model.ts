@@ -10,7 +10,7 @@ import { z } from "zod";
 import { JetgateError } from "./errors.js";
 import { HASH_SPACE, userHash } from "./hash.js";
 import { idSchema } from "./ids.js";
-import { composeSeq, MAX_EPOCH, MAX_OFFSET, seqEpoch, seqOffset, U64_MAX, type MailboxSeq } from "./seq.js";
+import { composeSeq, MAX_EPOCH, MAX_OFFSET, U64_MAX, type MailboxSeq } from "./seq.js";
 
 export class RegistryError extends JetgateError {
   constructor(message: string, options?: { cause?: unknown }) {
@@ -324,19 +324,4 @@ export function entryOwner(shard: ShardState, user: string, seq: MailboxSeq): "o
     if (s.parent === shard.shard && h >= s.range.lo && h <= s.range.hi && seq <= s.split_at_seq) return "own";
   }
   return "forward";
-}
-
-/**
- * Where the parent's part of a split ends: its log and last offset (the cut). A child must not
- * process anything before the parent has processed up to there, so that a moved user's entries
- * reach watermarks and the hot cache in seq order. Undefined when the child has no split to wait
- * for, or the parent has left that log since (rebuilt).
- */
-export function parentCut(child: ShardState, parent: ShardState | undefined): { parent: number; log: string; offset: number } | undefined {
-  const split = child.splits.find((s) => s.child === child.shard);
-  if (split === undefined || parent === undefined || split.split_at_seq === 0n) return undefined;
-  const epochAt = seqEpoch(split.split_at_seq);
-  const b = [...parent.boundaries].reverse().find((x) => x.epoch <= epochAt);
-  if (b === undefined || b.log !== parent.log) return undefined;
-  return { parent: parent.shard, log: b.log, offset: Number(seqOffset(split.split_at_seq)) };
 }
