@@ -9,7 +9,7 @@ import WebSocket from "ws";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { Dispatcher, RegistryClient, type Entry } from "../../protocol/index.js";
 import { JetgateClient, MemoryCursorStore, type WebSocketFactory } from "../../client/index.js";
-import { initStack, spawnGateway, spawnWorker, freePortForTest, type JetgateProcess } from "./stack.js";
+import { initStack, spawnGateway, spawnWorker, freePortForTest, startInfra, type Infra, type JetgateProcess } from "./stack.js";
 import { deviceToken } from "./device.js";
 import { sleep, waitFor } from "./wait.js";
 
@@ -314,5 +314,15 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
     for (const d of run.devices) await d.client.close();
     await run.closeControl();
     for (const p of [...run.gateways, ...run.workers]) await p.kill();
+  }
+}
+
+/** A scenario on its own nats-server and redis-server, disposed afterwards. */
+export async function scenarioOnInfra(build: (infra: Infra) => ScenarioOptions): Promise<ScenarioResult> {
+  const infra = await startInfra();
+  try {
+    return await runScenario(build(infra));
+  } finally {
+    await infra.dispose();
   }
 }
