@@ -355,36 +355,44 @@ export class Session {
     // cursor would look expired or forged (the NATS R3 fault scenario found that).
     if (cursor !== undefined && !registryKnows(this.ctx.registry.state, cursor)) await this.ctx.registry.sync().catch(() => undefined);
     if (this.closed) return;
+    // One registry view for the whole decision: the registry may change during the reads below,
+    // and `start` re-checks against this view once the session is watched.
+    const reg = this.ctx.registry.state;
     const userShard = this.ctx.registry.shards.shardOf(this.user);
     if (userShard === undefined) throw new Error("no shard owns this user");
+    if (this.ctx.config.JETGATE_FAULT_AUTH_PAUSE_MS > 0) await new Promise((r) => setTimeout(r, this.ctx.config.JETGATE_FAULT_AUTH_PAUSE_MS));
     const wm = await this.ctx.reader.watermarks(userShard, this.user);
     const trims = new Map<number, MailboxSeq>([[userShard, await this.ctx.reader.trim(userShard)]]);
-    if (cursor !== undefined && cursor.shard !== userShard && this.ctx.registry.state.shards.has(cursor.shard)) {
+    if (cursor !== undefined && cursor.shard !== userShard && reg.shards.has(cursor.shard)) {
       trims.set(cursor.shard, await this.ctx.reader.trim(cursor.shard));
     }
     const decision = decideAuth({
       user: this.user,
       cursor: cursor && { ...cursor, sigValid: this.ctx.cursors.verify(this.user, cursor) },
-      registry: this.ctx.registry.state,
+      registry: reg,
       userShard,
       trims,
       head: wm.head,
     });
     this.ctx.metrics.authOutcomes.inc({ case: decision.case });
     if (this.closed) return;
-    await this.start(decision, wm, cursor?.seq, true);
+    await this.start(decision, wm, cursor?.seq, true, reg);
   }
 
   /**
    * Answers a decision inline: the rebase/expired/invalid ERROR frame if any, AUTH_OK (on AUTH),
    * old ranges, catch-up, SYNCED, then live.
    */
-  private async start(decision: AuthDecision, wm: Watermarks, deviceSeq: MailboxSeq | undefined, isAuth: boolean): Promise<void> {
+  private async start(decision: AuthDecision, wm: Watermarks, deviceSeq: MailboxSeq | undefined, isAuth: boolean, decidedOn: RegistryState): Promise<void> {
     this.state = { type: "syncing" };
     this.shard = decision.shard;
     this.epoch = decision.epoch;
     this.log = decision.log;
     this.ctx.sessions.watch(this);
+    // A registry change between the decision's view and `watch` reached no session of this one's
+    // shard: look again after this start (a split landing mid-AUTH left a moved user's session on
+    // the parent for good; the split fault scenario found it).
+    if (this.ctx.registry.state !== decidedOn) this.onShardChange();
     const token = this.cursorToken();
     const trim = await this.ctx.reader.trim(decision.shard);
     switch (decision.case) {
@@ -543,7 +551,7 @@ export class Session {
       // Same epoch after all (the session already saw the new epoch's pushes): a new token only.
       const d: AuthDecision = decision.case === "normal" ? { ...decision, case: "rebased", replayFrom: this.lastSent } : decision;
       this.ctx.metrics.midSessionRebases.inc({ case: d.case });
-      await this.start(d, wm, this.lastSent, false);
+      await this.start(d, wm, this.lastSent, false, reg);
     });
   }
 

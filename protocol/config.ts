@@ -169,6 +169,8 @@ export const envSchema = z.object({
   JETGATE_FAULT_EXIT_AFTER: str("").pipe(z.enum(["", "redis", "push"])),
 
   // gateway
+  /** Test-only fault hook: AUTH waits this long after taking its registry view, before its reads. */
+  JETGATE_FAULT_AUTH_PAUSE_MS: int(0, 60_000, 0),
   JETGATE_GATEWAY_HOST: str("0.0.0.0"),
   JETGATE_GATEWAY_PORT: int(0, 65535, 8080),
   JETGATE_JWT_SECRET: optionalStr,
@@ -241,6 +243,7 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
         problems.push("JETGATE_JWT_PUBLIC_KEYS_FILE: required when JETGATE_ENV=production (or JETGATE_JWT_SECRET)");
       }
       if (c.JETGATE_FAULT_EXIT_AFTER !== "") problems.push("JETGATE_FAULT_EXIT_AFTER: test-only; refused when JETGATE_ENV=production");
+      if (c.JETGATE_FAULT_AUTH_PAUSE_MS !== 0) problems.push("JETGATE_FAULT_AUTH_PAUSE_MS: test-only; refused when JETGATE_ENV=production");
       if (c.JETGATE_DEMO_DIR !== undefined) problems.push("JETGATE_DEMO_DIR: the demo page hands out tokens; refused when JETGATE_ENV=production");
     }
     if (c.JETGATE_JWT_PREVIOUS_SECRET !== undefined && c.JETGATE_JWT_SECRET === undefined) problems.push("JETGATE_JWT_PREVIOUS_SECRET: needs JETGATE_JWT_SECRET");

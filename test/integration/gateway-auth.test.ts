@@ -5,7 +5,7 @@ import {
   bumpEpoch, halfRange, loadConfig, newLogId, shardStream, shardStreamConfig, splitShard, userHash,
   type CursorToken, type DeviceCursor, type Entry, type MailboxSeq, type ServerFrame,
 } from "../../protocol/index.js";
-import { startStack, spawnWorker } from "../harness/stack.js";
+import { startStack, spawnGateway, spawnWorker } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
@@ -265,4 +265,38 @@ test("gateway auth - retention passed the cursor (max_bytes): CURSOR_EXPIRED, re
   await waitFor("live after expiry", () => ids(s.dev.entries()).includes(live[0]!));
   assert.ok(!ids(s.dev.entries()).includes(head[0]!), "nothing at or below the head is replayed after a rebuild");
   s.dev.close();
+});
+
+test("gateway auth - a split that lands while an AUTH is deciding: the session moves to the child right after", async () => {
+  // this gateway's AUTH waits 1.5 s between taking its registry view and its reads
+  const slow = await spawnGateway(infra.env, { JETGATE_FAULT_AUTH_PAUSE_MS: "1500" });
+  try {
+    const range = registry.state.shards.get(0)!.range;
+    const user = Array.from({ length: 400 }, (_, i) => `late${i}`).find((u) => userHash(u) >= halfRange(range, true).lo && userHash(u) <= range.hi)!;
+    const before = await send(user, 2);
+    const dev = await TestDevice.connect(slow.httpPort);
+    dev.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "tablet" });
+    await sleep(300); // the gateway holds the pre-split view now
+    const cut = (await jsm.streams.info(shardStream(0))).state.last_seq;
+    const childLog = newLogId();
+    await jsm.streams.add(shardStreamConfig(3, childLog, config));
+    await registry.update((st) => {
+      const [p, c] = splitShard(st.shards.get(0)!, { child: 3, childLog, moved: halfRange(st.shards.get(0)!.range, true), cutOffset: cut });
+      return { v: 1, op: "split", at: Date.now(), by: "test", shards: [p, c] };
+    });
+    assert.equal(registry.shards.shardOf(user), 3);
+    const ok = await dev.next("AUTH_OK", 10_000);
+    assert.equal(ok.shard, 0, "the decision was made on the pre-split view");
+    await waitFor("a worker runs the child shard", async () => (await stack.worker!.metric("jetgate_worker_lease_held", { shard: "3" })) === 1, { timeoutMs: 15_000 });
+    const rebased = await waitFor("a mid-session CURSOR_REBASED to the child", () =>
+      dev.frames.find((f): f is Extract<ServerFrame, { t: "ERROR" }> => f.t === "ERROR" && f.new_cursor?.shard === 3), { timeoutMs: 10_000 });
+    assert.equal(rebased.code, "CURSOR_REBASED");
+    const later = await send(user, 2);
+    await waitFor("the child's entries reach the session", () => later.every((id) => ids(dev.entries()).includes(id)), { timeoutMs: 10_000 });
+    assert.deepEqual(ids(dev.entries()), [...before, ...later]);
+    assertIncreasing(dev.entries());
+    dev.close();
+  } finally {
+    await slow.kill();
+  }
 });
