@@ -118,10 +118,11 @@ interface PendingSend {
   reject: (e: Error) => void;
 }
 
-interface Incoming {
-  shard: number;
-  entries: Entry[];
-}
+/** What the apply loop takes in arrival order: entries, and the rebases that move the cursor between them. */
+type Incoming =
+  | { shard: number; entries: Entry[] }
+  | { rebase: { to: MailboxSeq; cursor: CursorToken; oldRange?: { shard: number; after: MailboxSeq } } }
+  | { authOk: { cursor: CursorToken; from: MailboxSeq } };
 
 const OPEN = 1;
 
@@ -146,11 +147,17 @@ export class JetgateClient {
   private attempt = 0;
   private nextDelayOverride: number | undefined;
   private queue: Incoming[] = [];
-  private applying = false;
+  /** The apply loop while it runs. */
+  private applying: Promise<void> | undefined;
   /** Set while CURSOR_EXPIRED's rebuild hook runs: live entries wait. */
   private rebuilding: Promise<void> | undefined;
-  /** Split: until the old shard's range is done, the jump to the new shard's replay point waits. */
-  private pendingJump: { shard: number; to: MailboxSeq } | undefined;
+  /**
+   * Split: until the old shard's range is done, the jump to the new shard's replay point and its
+   * cursor wait. The stored cursor keeps the old shard's token meanwhile: its seq is still in the
+   * old shard's numbering, and the two must agree (a child token with a parent seq made a gateway
+   * skip the child's first entries; the split fault scenario found it).
+   */
+  private pendingJump: { shard: number; to: MailboxSeq; cursor: CursorToken } | undefined;
   private readonly pulls = new Map<number, (f: Extract<ServerFrame, { t: "MSGS" }>) => void>();
   private nextId = 1;
   private readonly sends = new Map<number, PendingSend>();
@@ -234,6 +241,8 @@ export class JetgateClient {
   private async connect(): Promise<void> {
     if (this.stateValue.type === "closed") return;
     this.setState({ type: "connecting", attempt: this.attempt });
+    // The entry in the app's hands finishes first: the AUTH cursor must be where applying stopped.
+    await this.applying;
     let token: string;
     try {
       token = await this.opts.token();
@@ -276,6 +285,9 @@ export class JetgateClient {
     clearTimeout(this.ackTimer);
     clearTimeout(this.refreshTimer);
     this.flushAck();
+    // What the dead connection delivered and the app has not applied yet comes again after the cursor
+    this.queue = [];
+    this.pendingJump = undefined;
     for (const resolve of this.pulls.values()) resolve({ t: "MSGS", shard: -1, e: [] });
     this.pulls.clear();
     if (this.ws) {
@@ -380,12 +392,10 @@ export class JetgateClient {
   }
 
   private onAuthOk(f: Extract<ServerFrame, { t: "AUTH_OK" }>): void {
-    this.token = f.cursor;
     this.scheduleRefresh(tokenExpiry(this.sessionToken));
-    // `from` is the server's position for this device: the cursor, its rebased value, the head
-    // after a rebuild, 0 for a fresh start. During a split the old range plays first (pendingJump).
-    if (this.pendingJump === undefined) this.lastApplied = f.from;
-    this.saveCursor();
+    // after a CURSOR_REBASED that came before it
+    this.queue.push({ authOk: { cursor: f.cursor, from: f.from } });
+    void this.drain();
     this.setState({ type: "syncing" });
     clearInterval(this.pingTimer);
     const hb = Math.max(1000, f.hb);
@@ -402,17 +412,10 @@ export class JetgateClient {
   private onError(f: ErrorFrame): void {
     this.emit({ type: "error", frame: f });
     if (f.code === ErrorCode.CURSOR_REBASED && f.new_cursor && f.replay_from_seq !== undefined) {
-      this.stats.rebases++;
-      this.token = f.new_cursor;
-      if (f.old_range) {
-        // The old shard's range comes first (its seqs are below the new shard's); jump after it.
-        if (f.old_range.after > this.lastApplied) this.lastApplied = f.old_range.after;
-        this.pendingJump = { shard: f.old_range.shard, to: f.replay_from_seq };
-      } else if (f.replay_from_seq > this.lastApplied) {
-        this.lastApplied = f.replay_from_seq;
-      }
-      this.saveCursor();
-      this.emit({ type: "rebased", replayFrom: f.replay_from_seq, cursor: f.new_cursor });
+      // in order with the entries before it: a mid-session rebase must not move the cursor past
+      // entries still waiting to be applied
+      this.queue.push({ rebase: { to: f.replay_from_seq, cursor: f.new_cursor, ...(f.old_range ? { oldRange: f.old_range } : {}) } });
+      void this.drain();
       return;
     }
     if (f.code === ErrorCode.CURSOR_EXPIRED && f.new_cursor) {
@@ -446,23 +449,58 @@ export class JetgateClient {
   // ---- applying entries -------------------------------------------------------------------------
 
   /** Applies queued entries one at a time, in order. */
-  private async drain(): Promise<void> {
-    if (this.applying) return;
-    this.applying = true;
-    try {
-      while (this.queue.length > 0 && this.stateValue.type !== "closed") {
-        if (this.rebuilding) await this.rebuilding;
-        const batch = this.queue.shift()!;
-        if (this.pendingJump !== undefined && batch.shard !== this.pendingJump.shard) {
-          // Past the old shard's range: continue in the new shard's numbering.
-          if (this.pendingJump.to > this.lastApplied) this.lastApplied = this.pendingJump.to;
-          this.pendingJump = undefined;
+  private drain(): Promise<void> {
+    this.applying ??= (async () => {
+      await Promise.resolve(); // the loop starts once `applying` is set: it clears it when it ends
+      try {
+        while (this.queue.length > 0 && this.stateValue.type !== "closed") {
+          if (this.rebuilding) await this.rebuilding;
+          const item = this.queue.shift()!;
+          if ("rebase" in item) {
+            this.rebase(item.rebase);
+            continue;
+          }
+          if ("authOk" in item) {
+            // `from` is the server's position for this device: the cursor, its rebased value, the
+            // head after a rebuild, 0 for a fresh start. During a split the old range plays first.
+            if (this.pendingJump === undefined) {
+              this.token = item.authOk.cursor;
+              this.lastApplied = item.authOk.from;
+            } else {
+              this.pendingJump.cursor = item.authOk.cursor;
+            }
+            this.saveCursor();
+            continue;
+          }
+          if (this.pendingJump !== undefined && item.shard !== this.pendingJump.shard) {
+            // Past the old shard's range: continue in the new shard's numbering, with its cursor.
+            if (this.pendingJump.to > this.lastApplied) this.lastApplied = this.pendingJump.to;
+            this.token = this.pendingJump.cursor;
+            this.pendingJump = undefined;
+            this.saveCursor();
+          }
+          for (const e of item.entries) await this.applyOne(e);
         }
-        for (const e of batch.entries) await this.applyOne(e);
+      } finally {
+        this.applying = undefined;
       }
-    } finally {
-      this.applying = false;
+    })();
+    return this.applying;
+  }
+
+  private rebase(r: Extract<Incoming, { rebase: unknown }>["rebase"]): void {
+    this.stats.rebases++;
+    if (r.oldRange) {
+      // The old shard's range comes first (its seqs are below the new shard's); jump after it.
+      if (r.oldRange.after > this.lastApplied) this.lastApplied = r.oldRange.after;
+      this.pendingJump = { shard: r.oldRange.shard, to: r.to, cursor: r.cursor };
+    } else {
+      this.token = r.cursor;
+      this.pendingJump = undefined;
+      if (r.to > this.lastApplied) this.lastApplied = r.to;
     }
+    this.saveCursor();
+    this.emit({ type: "rebased", replayFrom: r.to, cursor: r.cursor });
   }
 
   private async applyOne(e: Entry): Promise<void> {

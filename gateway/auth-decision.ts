@@ -113,8 +113,19 @@ export function decideAuth(input: AuthInput): AuthDecision {
     cursor = { ...cursor, epoch: seqEp };
   }
 
+  // A split child's token with a seq still in the parent's numbering (an SDK that took the child's
+  // token before the old range was done, then was cut off): the seq is the parent's, and so is the
+  // cursor; read in the child's log, its offset would skip the child's first entries.
+  let from = cursorShard;
+  for (let hops = 0; cursor.seq > 0n && seqEpoch(cursor.seq) < from.boundaries[0]!.epoch && hops < 64; hops++) {
+    const parentCursor = inParent(registry, from, cursor);
+    if (parentCursor === undefined) break;
+    [from, cursor] = parentCursor;
+  }
+  const cursorShardNow = from;
+
   // 3) the user moved to another shard by one or more splits
-  if (cursor.shard !== userShard) return decideSplit(input, cursorShard, shard, cursor);
+  if (cursor.shard !== userShard) return decideSplit(input, cursorShardNow, shard, cursor);
 
   // the registry has not seen the cursor's epoch: a failover to a copy that lagged
   if (cursor.epoch > shard.epoch) {
@@ -133,6 +144,17 @@ export function decideAuth(input: AuthInput): AuthDecision {
   if (cursor.epoch === shard.epoch && cursor.log === shard.log) return { case: "normal", ...base, from: cursor.seq };
   // 2) an older epoch (or an unknown log): rebase
   return { case: sameLog ? "rebased" : "rebased_new_log", ...base, from: at, replayFrom: at };
+}
+
+/** The cursor read in the numbering of the shard `child` was split from; undefined if it was not. */
+function inParent(registry: RegistryState, child: ShardState, cursor: CursorIn): [ShardState, CursorIn] | undefined {
+  const split = child.splits.find((s) => s.child === child.shard);
+  const parent = split === undefined ? undefined : registry.shards.get(split.parent);
+  if (parent === undefined) return undefined;
+  const ep = seqEpoch(cursor.seq);
+  const b = parent.boundaries.filter((x) => x.epoch <= ep).at(-1);
+  if (b === undefined) return undefined;
+  return [parent, { ...cursor, shard: parent.shard, epoch: b.epoch, log: b.log }];
 }
 
 function decideSplit(input: AuthInput, cursorShard: ShardState, target: ShardState, cursor: CursorIn): AuthDecision {

@@ -119,6 +119,23 @@ test("auth - a user moved by a split: old range first, then the child from its s
   assert.equal(d.case, "invalid");
 });
 
+test("auth - a child's token with a seq still in the parent's numbering: read as the parent's cursor", () => {
+  const reg = splitState();
+  const child = reg.shards.get(2)!;
+  // an SDK cut off inside the old range saved the child's token with a parent seq
+  const d = decideAuth(input(reg, c(2, "logK", composeSeq(1, 30), 2), { userShard: 2 }));
+  assert.equal(d.case, "split");
+  assert.deepEqual(d.oldRanges, [{ shard: 0, after: composeSeq(1, 30), until: composeSeq(1, 50) }], "the rest of the old range, not a skip into the child");
+  assert.equal(d.from, child.boundaries[0]!.start_seq - 1n);
+  // the same after a takeover of the child (the case that skipped: the offset was translated)
+  const taken = state(reg.shards.get(0)!, s1, bumpEpoch(child, { cause: "takeover", start_offset: 1 }));
+  const t = decideAuth(input(taken, c(2, "logK", composeSeq(1, 30), 2), { userShard: 2 }));
+  assert.deepEqual([t.case, t.oldRanges?.length, t.from], ["split", 1, composeSeq(2, 0)]);
+  // the child's own replay point (nothing of the child yet) stays the child's
+  const z = decideAuth(input(reg, c(2, "logK", composeSeq(2, 0), 2), { userShard: 2 }));
+  assert.deepEqual([z.case, z.from, z.oldRanges], ["normal", composeSeq(2, 0), undefined]);
+});
+
 test("auth - rebasing never goes below the cursor's seq (property over takeover histories)", () => {
   fc.assert(fc.property(
     fc.array(fc.integer({ min: 0, max: 40 }), { minLength: 1, maxLength: 12 }),

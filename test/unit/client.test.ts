@@ -148,6 +148,56 @@ test("client - split: the old shard's range first, then the new shard, no regres
   assert.equal((await store.load())?.shard, 2);
 });
 
+test("client - split: cut off inside the old range, the cursor keeps the old shard's token with its seq", async () => {
+  const store = new MemoryCursorStore();
+  await store.save({ ...tok(1, 1), seq: S(10) });
+  const child = tok(2, 2);
+  const { client, applied } = await rig((c, n) => c.on((f) => {
+    if (f.t !== "AUTH") return;
+    const after = n === 0 ? S(10) : S(15);
+    c.send(
+      { t: "ERROR", code: "CURSOR_REBASED", msg: "", fatal: false, new_cursor: child, replay_from_seq: S(0, 2), old_range: { shard: 1, after, until: S(20) } },
+      authOk(S(0, 2), child),
+    );
+    // the first connection dies inside the old range; the second finishes it
+    if (n === 0) {
+      c.send(msgs(1, entry(S(15), "old")));
+      setTimeout(() => c.ws.terminate(), 50);
+    } else {
+      c.send(msgs(1, entry(S(17), "old2")), msgs(2, entry(S(1, 2), "new")), { t: "SYNCED", seq: S(1, 2) });
+    }
+  }), { store });
+  await waitFor("a second AUTH", () => gateways.at(-1)!.conns[1]?.got.some((f) => f.t === "AUTH") === true);
+  const second = gateways.at(-1)!.conns[1]!.got.find((f) => f.t === "AUTH")!;
+  assert.ok(second.t === "AUTH" && second.cursor !== undefined);
+  assert.deepEqual({ shard: second.cursor.shard, epoch: second.cursor.epoch, seq: second.cursor.seq }, { shard: 1, epoch: 1, seq: S(15) }, "old token, old numbering");
+  await waitFor("live", () => client.state.type === "live");
+  assert.deepEqual(applied.map((e) => e.id), ["old", "old2", "new"]);
+  assert.equal(client.stats.mailboxSeqRegressionCount, 0);
+  assert.deepEqual(await store.load(), { ...child, seq: S(1, 2) }, "the child's token once past the old range");
+});
+
+test("client - a mid-session CURSOR_REBASED waits for the entries before it", async () => {
+  const applied: Entry[] = [];
+  const { client } = await rig((c) => c.on((f) => f.t === "AUTH" && c.send(
+    authOk(0n),
+    msgs(0, entry(S(1), "a"), entry(S(2), "b")),
+    { t: "SYNCED", seq: S(2) },
+    { t: "ERROR", code: "CURSOR_REBASED", msg: "", fatal: false, new_cursor: tok(0, 2), replay_from_seq: S(2, 2) },
+    msgs(0, entry(S(3, 2), "c")),
+  )), {
+    // a slow handler: the rebase frame arrives while "a" is being applied
+    onEntry: async (e) => {
+      await new Promise((r) => setTimeout(r, 20));
+      applied.push(e);
+    },
+  });
+  await waitFor("c applied", () => applied.some((e) => e.id === "c"));
+  assert.deepEqual(applied.map((e) => e.id), ["a", "b", "c"]);
+  assert.equal(client.stats.mailboxSeqRegressionCount, 0);
+  assert.equal(client.cursorSeq, S(3, 2));
+});
+
 test("client - CURSOR_EXPIRED: the rebuild hook runs before any later entry, then from the head", async () => {
   const order: string[] = [];
   const { client } = await rig((c) => c.on((f) => f.t === "AUTH" && c.send(
