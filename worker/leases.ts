@@ -51,14 +51,17 @@ export class Leases {
     await this.redis.jgLeaseRelease(this.keys.lease(shard), this.owner);
   }
 
-  /** Records this worker as live for one lease period and returns every live worker, sorted. */
-  async heartbeat(): Promise<string[]> {
+  /**
+   * Records this worker as live for one lease period and returns every live worker, sorted.
+   * `rejoined`: this worker's entry was not there (its first heartbeat, or Redis lost it).
+   */
+  async heartbeat(): Promise<{ live: string[]; rejoined: boolean }> {
     const now = Date.now();
     const key = this.keys.workers();
-    await this.redis.zadd(key, now + this.leaseMs, this.owner);
     await this.redis.zremrangebyscore(key, "-inf", String(now));
+    const added = await this.redis.zadd(key, now + this.leaseMs, this.owner);
     const live = await this.redis.zrangebyscore(key, String(now), "+inf");
-    return live.includes(this.owner) ? live.sort() : [...live, this.owner].sort();
+    return { live: live.includes(this.owner) ? live.sort() : [...live, this.owner].sort(), rejoined: Number(added) === 1 };
   }
 
   async leave(): Promise<void> {

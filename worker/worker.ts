@@ -68,8 +68,19 @@ export class Worker {
   private async tick(): Promise<void> {
     if (this.statusValue.type !== "running") return;
     this.jsm ??= await jetstreamManager(this.deps.nc);
-    this.liveWorkers = await this.leases.heartbeat();
+    const beat = await this.leases.heartbeat();
+    this.liveWorkers = beat.live;
+    if (beat.rejoined && this.beats > 0) {
+      // Redis lost the worker set and the leases (restart, FLUSHALL, an outage past the lease):
+      // the set looks nearly empty, and every lease free. Taking shards now would take over live
+      // workers' shards (an epoch bump, replays to devices) before they re-take their own leases
+      // on their next tick; one lease period gives every live worker that tick.
+      this.settleUntil = Date.now() + this.opts.leaseMs;
+      this.deps.log.warn({ ms: this.opts.leaseMs }, "worker set had vanished from Redis: no new shards for one lease period");
+    }
+    this.beats++;
     await this.renewAll();
+    if (Date.now() < this.settleUntil) return this.observe();
     const active = [...this.deps.registry.state.shards.values()].filter((s) => s.status === "active").map((s) => s.shard);
     const target = Math.ceil(active.length / Math.max(1, this.liveWorkers.length));
     const me = this.deps.workerId;
@@ -87,6 +98,9 @@ export class Worker {
     }
     await this.observe();
   }
+
+  private beats = 0;
+  private settleUntil = 0;
 
   private async run(shard: number): Promise<void> {
     const runner = new ShardRunner(shard, this.deps);

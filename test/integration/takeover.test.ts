@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { Dispatcher, RegistryClient } from "../../protocol/index.js";
-import { startInfra, initStack, spawnWorker, PushCollector, DispatchLoad, type Infra, type JetgateProcess } from "../harness/stack.js";
+import { startInfra, initStack, spawnWorker, redisClient, PushCollector, DispatchLoad, type Infra, type JetgateProcess } from "../harness/stack.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
 const LEASE_MS = 1000;
@@ -145,6 +145,30 @@ test("takeover - a worker killed after its Redis step and before its push: the e
     assert.equal(await b.metric("jetgate_worker_duplicates_total"), 0, "the dedup record of the same offset is not a duplicate");
     assert.equal(p.push.epoch, r.registry.state.shards.get(p.push.shard)!.epoch);
   } finally {
+    await r.close();
+  }
+});
+
+test("takeover - Redis loses the worker set and every lease (FLUSHALL, five times): each worker re-takes its own shard, no epoch changes", async () => {
+  const r = await rig();
+  const redis = await redisClient(r.infra.redis.url);
+  try {
+    const [a, b] = await twoWorkers(r);
+    const owners = [await ownedShards(a), await ownedShards(b)];
+    const epochs = () => [...r.registry.state.shards.values()].map((s) => `${s.shard}@${s.epoch}`).join(" ");
+    const before = epochs();
+    for (let i = 0; i < 5; i++) {
+      await redis.flushall();
+      // a flush right after a tick and one right before the next: both orders of the two workers
+      await sleep(LEASE_MS / 3 + (i % 2) * 150);
+    }
+    await sleep(2 * LEASE_MS);
+    await r.registry.sync();
+    assert.equal(epochs(), before, "no takeover: the empty worker set did not make one worker take the other's shard");
+    assert.deepEqual([await ownedShards(a), await ownedShards(b)], owners);
+    assert.ok(a.output.concat(b.output).some((l) => l.includes("worker set had vanished")), "the workers said why they held back");
+  } finally {
+    redis.disconnect();
     await r.close();
   }
 });
