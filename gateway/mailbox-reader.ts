@@ -197,7 +197,7 @@ export class MailboxReader {
     // reconnect storm of such devices is a storm of stream consumers.
     const covered = ca !== undefined && opts.wm?.from === "redis" && (ca <= after || (await this.nothingBetween(shard, user, after, ca)));
     if (covered) {
-      const got = await this.readCache(user, after, ca > after ? ca : after, opts.until, limit);
+      const got = await this.readCache(shard, user, after, ca > after ? ca : after, opts.until, limit);
       if (got !== undefined) {
         for (let i = 0; i < got.length; i += opts.pageSize ?? 256) yield { entries: got.slice(i, i + (opts.pageSize ?? 256)), source: "cache" };
         return;
@@ -222,8 +222,12 @@ export class MailboxReader {
     return seq !== undefined && seq > until;
   }
 
-  /** The cached entries after `after`, or undefined when the cache turned out not to cover it. */
-  private async readCache(user: string, after: MailboxSeq, verified: MailboxSeq, until: MailboxSeq | undefined, limit: number): Promise<Entry[] | undefined> {
+  /**
+   * The cached entries after `after`, or undefined when the cache turned out not to cover it. A
+   * row of another shard (a moved user's cache holds parent and child rows, whose seqs interleave
+   * and whose XADDs may have failed behind each other) means the cache cannot say: the stream can.
+   */
+  private async readCache(shard: number, user: string, after: MailboxSeq, verified: MailboxSeq, until: MailboxSeq | undefined, limit: number): Promise<Entry[] | undefined> {
     const start = `(${seqEpoch(after)}-${seqOffset(after)}`;
     const end = until === undefined ? "+" : `${seqEpoch(until)}-${seqOffset(until)}`;
     const rows = await this.redis.xrangeBuffer(this.keys.hotCache(user), start, end, "COUNT", Math.min(limit, 100_000));
@@ -240,7 +244,7 @@ export class MailboxReader {
       const s = field("s");
       const e = field("e");
       const l = field("l");
-      if (s === undefined || e === undefined || l === undefined) return undefined;
+      if (s === undefined || e === undefined || l === undefined || field("h")?.toString() !== String(shard)) return undefined;
       out.push(decodeCacheRecord(s.toString(), field("p")?.toString() ?? "", l.toString(), e));
     }
     return out;

@@ -27,7 +27,7 @@ import type { RedisClient } from "../protocol/index.js";
 const APPLY_ENTRY_LUA = `
 local a = {}
 for x in string.gmatch(ARGV[1], '[^|]+') do a[#a + 1] = x end
--- a: 1 token, 2 dedup ttl, 3 lane, 4 seq, 5 stream id, 6 cache maxlen, 7 cache ttl, 8 watermark ttl, 9 seq - 1
+-- a: 1 token, 2 dedup ttl, 3 lane, 4 seq, 5 stream id, 6 cache maxlen, 7 cache ttl, 8 watermark ttl, 9 seq - 1, 10 shard
 local token = a[1]
 local first = 1
 if not redis.call('SET', KEYS[1], token, 'NX', 'EX', a[2]) then
@@ -46,11 +46,11 @@ if maxlen > 0 then
     redis.call('HSET', KEYS[2], '_ca', prevAll or a[9])
   elseif len >= maxlen or redis.call('HEXISTS', KEYS[2], '_ca') == 0 then
     -- trimming the oldest (or the hash was lost): complete after the oldest entry kept so far
-    -- (field 2 of a record is its seq: fields are s, seq, p, prev, l, lane, e, body)
+    -- (field 2 of a record is its seq: fields are s, seq, p, prev, l, lane, e, body, h, shard)
     local oldest = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)
     redis.call('HSET', KEYS[2], '_ca', oldest[1][2][2])
   end
-  redis.pcall('XADD', KEYS[3], 'MAXLEN', maxlen, a[5], 's', seq, 'p', prev or '', 'l', a[3], 'e', ARGV[2])
+  redis.pcall('XADD', KEYS[3], 'MAXLEN', maxlen, a[5], 's', seq, 'p', prev or '', 'l', a[3], 'e', ARGV[2], 'h', a[10])
   redis.call('EXPIRE', KEYS[3], a[7])
 end
 redis.call('EXPIRE', KEYS[2], a[8])
@@ -70,6 +70,11 @@ export interface ApplyEntryArgs {
   seqMinus1_20: string;
   /** Hot cache stream id `<epoch>-<offset>`. */
   streamId: string;
+  /**
+   * The shard whose log holds the entry. A moved user's cache holds entries of parent and child
+   * (seqs of two logs): a reader takes only rows of the shard it reads.
+   */
+  shard: number;
   /** The entry body as stored in the shard stream; the hot cache keeps it as it is. */
   body: Uint8Array;
   hotCacheMaxLen: number;
@@ -103,7 +108,7 @@ export function applyEntry(redis: RedisClient, a: ApplyEntryArgs): Promise<Apply
       a.dedupKey,
       a.watermarkKey,
       a.hotCacheKey,
-      `${a.token}|${a.dedupTtlS}|${a.lane}|${a.seq20}|${a.streamId}|${a.hotCacheMaxLen}|${a.hotCacheTtlS}|${a.watermarkTtlS}|${a.seqMinus1_20}`,
+      `${a.token}|${a.dedupTtlS}|${a.lane}|${a.seq20}|${a.streamId}|${a.hotCacheMaxLen}|${a.hotCacheTtlS}|${a.watermarkTtlS}|${a.seqMinus1_20}|${a.shard}`,
       Buffer.from(a.body.buffer, a.body.byteOffset, a.body.byteLength),
     )
     .then(([status, prev, prevAll]) => ({ first: status === 1, prev: prev ?? null, prevAll: prevAll ?? null }));

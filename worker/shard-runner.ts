@@ -369,6 +369,7 @@ export class ShardRunner {
               seq20: seqKey(it.seq),
               seqMinus1_20: seqKey(it.seq - 1n),
               streamId: `${seqEpoch(it.seq)}-${it.msg.seq}`,
+              shard: this.shard,
               body: it.msg.data,
               hotCacheMaxLen: c.JETGATE_HOT_CACHE_MAXLEN,
               hotCacheTtlS: c.JETGATE_HOT_CACHE_TTL_S,

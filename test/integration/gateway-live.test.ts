@@ -250,5 +250,18 @@ test("gateway live - catch-up is right from the hot cache and, after a Redis FLU
   assert.deepEqual(near.entries().map((e) => e.id), ["c10", "c11"]);
   assert.equal((await fromCache()) - cacheBefore2, 2, "nothing in the stream between the cursor and the cache's start: from the cache");
   near.close();
+
+  // a row of another shard in the user's cache (a moved user's cache holds parent and child rows):
+  // the cache cannot say what this shard holds, the stream is read
+  const own = near.entries().at(-1)!.seq;
+  const foreignSeq = own + (1n << 48n);
+  await r.xadd(`jg:{u:${user}}:hc`, `${foreignSeq >> 48n}-${foreignSeq & 0xffffffffffffn}`, "s", foreignSeq.toString().padStart(20, "0"), "p", "", "l", "default", "e", "x", "h", "999");
+  const streamBefore3 = await fromStream();
+  const mixed = await TestDevice.connect(gateway.httpPort);
+  mixed.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "d1", cursor: upToDate });
+  await mixed.next("SYNCED");
+  assert.deepEqual(mixed.entries().map((e) => e.id), ["c10", "c11"], "only this shard's entries");
+  assert.equal((await fromStream()) - streamBefore3, 2, "from the stream");
+  mixed.close();
   r.disconnect();
 });

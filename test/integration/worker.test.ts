@@ -50,6 +50,7 @@ test("worker - pushes each entry with its composite seq and the lane's prev", as
       return decodeCacheRecord(field("s").toString(), field("p").toString(), field("l").toString(), field("e"));
     });
     assert.deepEqual(fromCache.map((e) => ({ ...e, b: [...e.b] })), got.map((p) => ({ ...p.entry, b: [...p.entry.b] })), "the cache holds exactly what was pushed");
+    assert.deepEqual(cache.map(([, f]) => f[f.findIndex((x, i) => i % 2 === 0 && x.toString() === "h") + 1]!.toString()), [String(shard), String(shard), String(shard)], "each row names its shard");
   } finally {
     r.disconnect();
   }
@@ -82,7 +83,7 @@ test("worker - the watermark script never lowers a watermark under concurrent up
     const call = (r: typeof r1, seq: bigint, i: number) =>
       applyEntry(r, {
         dedupKey: keys.dedup("u", `d${i}`), watermarkKey: keys.watermarks("u"), hotCacheKey: keys.hotCache("u"),
-        token: `l:${i}`, dedupTtlS: 60, lane: "x", seq20: seqKey(seq), seqMinus1_20: seqKey(seq - 1n), streamId: `${i + 1}-1`,
+        token: `l:${i}`, dedupTtlS: 60, lane: "x", seq20: seqKey(seq), seqMinus1_20: seqKey(seq - 1n), streamId: `${i + 1}-1`, shard: 0,
         body: new Uint8Array(1), hotCacheMaxLen: 0, hotCacheTtlS: 60, watermarkTtlS: 60,
       });
     let observedMax = 0n;
