@@ -308,6 +308,10 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
     assert.equal(regressions, 0, "mailbox_seq regressions (worker + gateway + SDK)");
     if (opts.duplicates === "none") assert.equal(duplicates, 0, "no epoch changed: no device may get an entry twice");
     return result;
+  } catch (err) {
+    // what the processes logged (warn and up) is often the only clue to a failure seen once in CI
+    for (const p of [...run.workers, ...run.gateways]) console.log(`--- ${p.name} (pid ${p.pid}), last lines:\n${p.output.slice(-40).join("\n")}`);
+    throw err;
   } finally {
     await load?.stop();
     await chaos?.stop();

@@ -60,6 +60,8 @@ export class JetgateProcess {
   constructor(
     readonly proc: ChildProcess,
     readonly httpPort: number,
+    /** For logs: what it is and where it listens. */
+    readonly name: string,
   ) {
     const collect = (d: Buffer) => {
       for (const line of d.toString().split("\n")) if (line.trim()) this.output.push(line);
@@ -128,7 +130,7 @@ async function spawnJetgate(
     env: { PATH: process.env.PATH ?? "", JETGATE_GATEWAY_HOST: "127.0.0.1", ...env, ...extra, [portVar]: String(port) },
     stdio: ["ignore", "pipe", "pipe"],
   });
-  const p = new JetgateProcess(proc, port);
+  const p = new JetgateProcess(proc, port, `${what} :${port}`);
   await waitFor(`${what} on port ${port} to be ready`, async () => {
     if (proc.exitCode !== null) throw new WaitAbort(`${what} exited with ${proc.exitCode}:\n${p.output.join("\n")}`);
     return (await p.http("/readyz")).status === 200;
