@@ -28,7 +28,7 @@ import {
   type RegistryRecord,
   type RegistryState,
 } from "./registry-model.js";
-import { isNotFound } from "./streams.js";
+import { CONSUME_OPTIONS, isNotFound } from "./streams.js";
 
 export type RegistryListener = (state: RegistryState) => void;
 
@@ -120,7 +120,7 @@ export class RegistryClient {
           REGISTRY_STREAM,
           from === 0 ? { deliver_policy: DeliverPolicy.All } : { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: from + 1 },
         );
-        this.messages = await consumer.consume();
+        this.messages = await consumer.consume(CONSUME_OPTIONS);
         if (this.closed) await this.messages.close();
         for await (const m of this.messages) {
           attempt = 0;

@@ -24,6 +24,7 @@ import {
 } from "@nats-io/jetstream";
 import {
   bumpEpoch,
+  CONSUME_OPTIONS,
   composeSeq,
   decodeStoredEntry,
   deriveSeq,
@@ -140,6 +141,7 @@ export class ShardRunner {
         try {
           const consumer = await this.js.consumers.get(this.stream, consumerName(epoch));
           this.messages = await consumer.consume({
+            ...CONSUME_OPTIONS,
             max_messages: this.d.config.JETGATE_WORKER_BATCH * 2,
             abort_on_missing_resource: true,
           });

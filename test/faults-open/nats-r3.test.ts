@@ -28,7 +28,7 @@ test("fault - 3-node NATS cluster, R3 streams: the stream leader is SIGKILLed", 
   try {
     await runScenario({
       name: "NATS R3 leader SIGKILL",
-      env: { JETGATE_NATS_URL: url, JETGATE_REDIS_URL: redis.url, JETGATE_LOG_LEVEL: "warn", JETGATE_STREAM_REPLICAS: "3" },
+      env: { JETGATE_NATS_URL: url, JETGATE_REDIS_URL: redis.url, JETGATE_LOG_LEVEL: "info", JETGATE_STREAM_REPLICAS: "3" },
       duplicates: "allowed",
       fault: async () => {
         const nc = await connect({ servers: url.split(",") });

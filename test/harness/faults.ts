@@ -7,7 +7,8 @@
 import assert from "node:assert/strict";
 import WebSocket from "ws";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { Dispatcher, RegistryClient, type Entry } from "../../protocol/index.js";
+import { jetstream } from "@nats-io/jetstream";
+import { Dispatcher, RegistryClient, decodeStoredEntry, shardStream, userSubjects, type Entry } from "../../protocol/index.js";
 import { JetgateClient, MemoryCursorStore, type WebSocketFactory } from "../../client/index.js";
 import { initStack, spawnGateway, spawnWorker, freePortForTest, startInfra, type Infra, type JetgateProcess } from "./stack.js";
 import { deviceToken } from "./device.js";
@@ -115,6 +116,30 @@ export class FaultRun {
     }
     this.sent.set(user, [...(this.sent.get(user) ?? []), id]);
     return true;
+  }
+
+  /**
+   * For a failure message: where each id is in the shard streams (every shard the user was ever
+   * in), read with an ordered consumer; "nowhere" when no stream holds it.
+   */
+  async whereIs(user: string, ids: string[]): Promise<string> {
+    const found = new Map<string, string>();
+    const js = jetstream(this.nc);
+    for (const shard of this.registry.state.shards.keys()) {
+      try {
+        const c = await js.consumers.get(shardStream(shard), { filter_subjects: [userSubjects(shard, user)] });
+        for (;;) {
+          const m = await c.next({ expires: 1000 });
+          if (m === null) break;
+          const id = decodeStoredEntry(m.data).id;
+          if (ids.includes(id)) found.set(id, `MBX_${shard}#${m.seq}`);
+          if (m.info.pending === 0) break;
+        }
+      } catch (err) {
+        found.set(`(shard ${shard})`, `unreadable: ${(err as Error).message}`);
+      }
+    }
+    return ids.map((id) => `${id} in ${found.get(id) ?? "nowhere"}`).concat([...found].filter(([k]) => k.startsWith("(")).map(([k, v]) => `${k} ${v}`)).join(", ");
   }
 
   /** Continuous load until `stop()`: `perTick` entries to random users every `everyMs`. */
@@ -228,6 +253,8 @@ export interface ScenarioResult {
   regressions: number;
   failedDispatches: number;
   recoverMs: number;
+  /** How long the fault itself took (kill, wait, restart): part of recoverMs. */
+  faultMs: number;
 }
 
 /**
@@ -258,6 +285,7 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
     await sleep(1500);
     const t0 = Date.now();
     await opts.fault(run);
+    const faultMs = Date.now() - t0;
     // the first entry dispatched after the fault, to a user with devices, marks recovery
     const probeUser = opts.probeUser?.(run) ?? users[0]!;
     const probeId = `probe-${t0}`;
@@ -287,7 +315,8 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
         const seqOf = (id: string) => run.devices.flatMap((x) => x.applied).find((e) => e.id === id)?.seq;
         const seqs = missing.map((id) => `${id}@${seqOf(id)?.toString(16)}`);
         const near = d.applied.map((e) => `${e.id}@${e.seq.toString(16)}`).join(" ");
-        assert.fail(`${d.user}/${d.name}: ${missing.length} entries missing: ${seqs.join(" ")}; applied: ${near}; stats ${JSON.stringify(d.client.stats)} state ${JSON.stringify(d.client.state)}`);
+        const where = await run.whereIs(d.user, missing.slice(0, 20)).catch((err: unknown) => `unknown: ${(err as Error).message}`);
+        assert.fail(`${d.user}/${d.name}: ${missing.length} entries missing: ${seqs.join(" ")}; in the streams: ${where}; applied: ${near}; stats ${JSON.stringify(d.client.stats)} state ${JSON.stringify(d.client.state)}`);
       }
       for (let i = 1; i < d.applied.length; i++) {
         const [a, b] = [d.applied[i - 1]!, d.applied[i]!];
@@ -300,10 +329,10 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
     let regressions = sdkRegressions;
     for (const p of [...run.live(run.workers), ...run.live(run.gateways)]) regressions += await p.metric("jetgate_mailbox_seq_regression_total");
     const dispatched = [...run.sent.values()].reduce((n, ids) => n + ids.length, 0);
-    const result: ScenarioResult = { name: opts.name, dispatched, delivered, duplicates, regressions, failedDispatches: run.failed, recoverMs };
+    const result: ScenarioResult = { name: opts.name, dispatched, delivered, duplicates, regressions, failedDispatches: run.failed, recoverMs, faultMs };
     console.log(
       `fault ${opts.name.padEnd(28)} dispatched ${dispatched} delivered ${delivered} (to ${run.devices.length} devices) duplicates ${duplicates} ` +
-        `regressions ${regressions} failed-dispatches ${run.failed} recover ${recoverMs} ms`,
+        `regressions ${regressions} failed-dispatches ${run.failed} recover ${recoverMs} ms (the fault itself ${faultMs} ms)`,
     );
     assert.equal(regressions, 0, "mailbox_seq regressions (worker + gateway + SDK)");
     if (opts.duplicates === "none") assert.equal(duplicates, 0, "no epoch changed: no device may get an entry twice");
