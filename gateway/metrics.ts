@@ -31,7 +31,7 @@ export class GatewayMetrics {
     this.framesOut = c("jetgate_gateway_frames_out_total", "Frames sent to devices, by type.", ["type"]);
     this.bytesIn = c("jetgate_gateway_bytes_in_total", "Bytes received from devices.");
     this.bytesOut = c("jetgate_gateway_bytes_out_total", "Bytes sent to devices.");
-    this.authOutcomes = c("jetgate_gateway_auth_outcomes_total", "AUTH answers by case (fresh, normal, rebased, rebased_new_log, split, expired, invalid, unauthorized, timeout, too_many_connections).", ["case"]);
+    this.authOutcomes = c("jetgate_gateway_auth_outcomes_total", "AUTH answers by case (fresh, normal, rebased, rebased_new_log, split, expired, invalid, unauthorized, timeout, too_many_connections, registry_unavailable).", ["case"]);
     this.midSessionRebases = c("jetgate_gateway_mid_session_rebases_total", "CURSOR_REBASED sent to live sessions after a registry change.", ["case"]);
     this.catchupEntries = c("jetgate_gateway_catchup_entries_total", "Entries read for catch-up, by source (cache, stream).", ["source"]);
     this.gapFills = c("jetgate_gateway_gap_fills_total", "Live pushes whose predecessor was missing or unknown, filled from the stream first.");

@@ -353,7 +353,18 @@ export class Session {
     // A cursor from a newer registry view than this gateway's (another gateway served it after a
     // takeover this one has not followed yet): read the registry head before deciding, or the
     // cursor would look expired or forged (the NATS R3 fault scenario found that).
-    if (cursor !== undefined && !registryKnows(this.ctx.registry.state, cursor)) await this.ctx.registry.sync().catch(() => undefined);
+    if (cursor !== undefined && !registryKnows(this.ctx.registry.state, cursor)) {
+      // Deciding on a view known to be behind would call a good cursor invalid or expired: the
+      // device would start over and get entries numbered below what it holds (the NATS R3 fault
+      // scenario saw exactly that while the registry stream changed leader). Retry later instead.
+      const synced = await this.ctx.registry.sync().then(() => true, () => false);
+      if (this.closed) return;
+      if (!synced) {
+        this.ctx.metrics.authOutcomes.inc({ case: "registry_unavailable" });
+        this.fail(ErrorCode.INTERNAL, "registry unavailable: reconnect later", CloseCode.INTERNAL);
+        return;
+      }
+    }
     if (this.closed) return;
     // One registry view for the whole decision: the registry may change during the reads below,
     // and `start` re-checks against this view once the session is watched.

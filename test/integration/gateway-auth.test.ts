@@ -2,7 +2,7 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { jetstream, jetstreamManager, type JsMsg } from "@nats-io/jetstream";
 import {
-  bumpEpoch, halfRange, loadConfig, newLogId, shardStream, shardStreamConfig, splitShard, userHash,
+  bumpEpoch, composeSeq, halfRange, loadConfig, newLogId, shardStream, shardStreamConfig, splitShard, userHash,
   type CursorToken, type DeviceCursor, type Entry, type MailboxSeq, type ServerFrame,
 } from "../../protocol/index.js";
 import { startStack, spawnGateway, spawnWorker } from "../harness/stack.js";
@@ -298,5 +298,21 @@ test("gateway auth - a split that lands while an AUTH is deciding: the session m
     dev.close();
   } finally {
     await slow.kill();
+  }
+});
+
+test("gateway auth - a cursor newer than the gateway's registry view while the registry cannot be read: 4500, retry later (never CURSOR_INVALID)", async () => {
+  const shard = registry.state.shards.get(alice.shard)!;
+  const ahead: DeviceCursor = { ...alice, seq: composeSeq(shard.epoch + 3, 1) };
+  const dev = await TestDevice.connect(gateway.httpPort);
+  infra.nats.pause();
+  try {
+    dev.send({ t: "AUTH", v: 1, token: await deviceToken("alice"), device: "phone", cursor: ahead });
+    const err = await dev.next("ERROR", 20_000);
+    assert.deepEqual([err.code, err.fatal, err.msg], ["INTERNAL", true, "registry unavailable: reconnect later"]);
+    assert.equal((await dev.waitClosed()).code, 4500);
+    assert.ok(!dev.frames.some((f) => f.t === "AUTH_OK"), "no decision on a view known to be behind");
+  } finally {
+    infra.nats.resume();
   }
 });
