@@ -75,12 +75,18 @@ async function run(opts: { killWorkerMidway: boolean }): Promise<void> {
     dispatching = false;
     await chaos;
 
-    await waitFor("every device has every entry of its user", () => devices.every((d) => d.applied.length >= (sent.get(d.user)?.length ?? 0)), { timeoutMs: 120_000, intervalMs: 200 });
+    // on timeout the assertions below name the device and what it lacks
+    await waitFor("every device has every entry of its user", () => devices.every((d) => d.applied.length >= (sent.get(d.user)?.length ?? 0)), { timeoutMs: 120_000, intervalMs: 200 }).catch(() => undefined);
     await sleep(300);
     let total = 0;
     for (const d of devices) {
       const want = sent.get(d.user) ?? [];
       const got = d.applied.map((e) => e.id);
+      const missing = want.filter((id) => !got.includes(id));
+      if (missing.length > 0) {
+        const last = d.applied.at(-1);
+        assert.fail(`${d.user}/${devices.indexOf(d) % DEVICES_PER_USER}: ${missing.length} of ${want.length} missing (${missing.slice(0, 5).join(" ")}); last applied ${last?.id}@${last?.seq.toString(16)}; state ${JSON.stringify(d.client.state)} stats ${JSON.stringify(d.client.stats)}\n${procs.map((p) => p.output.slice(-20).join("\n")).join("\n")}`);
+      }
       assert.equal(got.length, want.length, `${d.user}: each entry exactly once after dedup`);
       assert.deepEqual(new Set(got), new Set(want), `${d.user}: every entry`);
       for (let i = 1; i < d.applied.length; i++) assert.ok(d.applied[i]!.seq > d.applied[i - 1]!.seq, `${d.user}: increasing seqs`);
