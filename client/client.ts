@@ -479,7 +479,10 @@ export class JetgateClient {
             this.pendingJump = undefined;
             this.saveCursor();
           }
-          for (const e of item.entries) await this.applyOne(e);
+          for (const e of item.entries) {
+            // a gap that could not be filled (the connection went): the rest comes again after the cursor
+            if (!(await this.applyOne(e))) break;
+          }
         }
       } finally {
         this.applying = undefined;
@@ -503,19 +506,20 @@ export class JetgateClient {
     this.emit({ type: "rebased", replayFrom: r.to, cursor: r.cursor });
   }
 
-  private async applyOne(e: Entry): Promise<void> {
+  /** False when `e` must wait: its gap could not be filled because the connection is gone. */
+  private async applyOne(e: Entry): Promise<boolean> {
     if (e.seq <= this.lastApplied) {
       this.stats.mailboxSeqRegressionCount++;
-      return;
+      return true;
     }
-    if (e.prev !== null && e.prev > this.lastApplied) await this.fillGap(e);
+    if (e.prev !== null && e.prev > this.lastApplied && !(await this.fillGap(e))) return false;
     if (this.recent.has(e.id)) {
       this.stats.duplicatesDropped++;
       this.advance(e.seq);
-      return;
+      return true;
     }
     for (let attempt = 0; ; attempt++) {
-      if (this.stateValue.type === "closed") return;
+      if (this.stateValue.type === "closed") return false;
       try {
         await this.opts.onEntry(e);
         break;
@@ -528,21 +532,29 @@ export class JetgateClient {
     this.recent.add(e.id);
     this.stats.applied++;
     this.advance(e.seq);
+    return true;
   }
 
-  /** Entries between the last applied and `e` are missing: PULL them before applying `e`. */
-  private async fillGap(e: Entry): Promise<void> {
+  /**
+   * Entries between the last applied and `e` are missing: PULL them before applying `e`. False when
+   * the connection is gone before the answer: `e` must not be applied over the gap (the next
+   * session sends everything after the cursor).
+   */
+  private async fillGap(e: Entry): Promise<boolean> {
     this.stats.gapsFilled++;
-    for (let rounds = 0; rounds < 100 && this.ws?.readyState === OPEN; rounds++) {
+    for (let rounds = 0; rounds < 100; rounds++) {
+      if (this.ws?.readyState !== OPEN) return false;
       const id = this.nextId++;
       const reply = await new Promise<Extract<ServerFrame, { t: "MSGS" }>>((resolve) => {
         this.pulls.set(id, resolve);
         this.write({ t: "PULL", id, after: this.lastApplied, limit: 500 });
       });
+      if (reply.shard === -1) return false; // answered by the teardown: the connection went
       const before = reply.e.filter((x) => x.seq < e.seq && x.seq > this.lastApplied);
-      for (const x of before) await this.applyOne({ ...x, prev: null });
-      if (before.length === 0 || !reply.more || reply.e.some((x) => x.seq >= e.seq)) return;
+      for (const x of before) if (!(await this.applyOne({ ...x, prev: null }))) return false;
+      if (before.length === 0 || !reply.more || reply.e.some((x) => x.seq >= e.seq)) return true;
     }
+    return true;
   }
 
   private advance(seq: MailboxSeq): void {

@@ -177,6 +177,21 @@ test("client - split: cut off inside the old range, the cursor keeps the old sha
   assert.deepEqual(await store.load(), { ...child, seq: S(1, 2) }, "the child's token once past the old range");
 });
 
+test("client - a gap whose PULL dies with the connection: the entry after it waits for the next session", async () => {
+  const { g, client, applied } = await rig((c, n) => c.on((f) => {
+    if (f.t === "AUTH" && n === 0) c.send(authOk(0n), msgs(0, entry(S(1), "a"), entry(S(3), "c", S(2))));
+    // the PULL for the gap is never answered: the connection ends first
+    if (f.t === "PULL" && n === 0) c.ws.terminate();
+    if (f.t === "AUTH" && n === 1) c.send(authOk(f.cursor!.seq), msgs(0, entry(S(2), "b", S(1)), entry(S(3), "c", S(2))), { t: "SYNCED", seq: S(3) });
+  }));
+  await waitFor("c applied", () => applied.some((e) => e.id === "c"));
+  const second = g.conns[1]!.got.find((f) => f.t === "AUTH")!;
+  assert.ok(second.t === "AUTH");
+  assert.equal(second.cursor?.seq, S(1), "the cursor stayed before the gap");
+  assert.deepEqual(applied.map((e) => e.id), ["a", "b", "c"]);
+  assert.equal(client.stats.mailboxSeqRegressionCount, 0);
+});
+
 test("client - a mid-session CURSOR_REBASED waits for the entries before it", async () => {
   const applied: Entry[] = [];
   const { client } = await rig((c) => c.on((f) => f.t === "AUTH" && c.send(
