@@ -45,6 +45,8 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   const registry = await RegistryClient.open(nc, registryLogging(log));
   const keys = new RedisKeys(config.JETGATE_REDIS_PREFIX);
   const metrics = new GatewayMetrics();
+  metrics.registryRecord.set(registry.state.seq);
+  registry.onChange((st) => metrics.registryRecord.set(st.seq));
   const sessions = new SessionRegistry(nc, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log);
   sessions.startTailChecks(config.JETGATE_TAIL_CHECK_S);
   const presence = new Presence(redis, keys, nc, gatewayId, (k) => sessions.kick(k.user, k.device, k.session));

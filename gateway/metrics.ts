@@ -21,6 +21,7 @@ export class GatewayMetrics {
   readonly dispatchRequests: Counter<"status">;
   readonly refusedUpgrades: Counter<"reason">;
   readonly tailFills: Counter;
+  readonly registryRecord: Gauge;
 
   constructor() {
     const registers = [this.registry];
@@ -44,6 +45,7 @@ export class GatewayMetrics {
     this.dispatchRequests = c("jetgate_gateway_dispatch_requests_total", "POST /v1/dispatch requests by HTTP status.", ["status"]);
     this.refusedUpgrades = c("jetgate_gateway_refused_upgrades_total", "WebSocket upgrades refused before a session, by reason (per_ip).", ["reason"]);
     this.tailFills = c("jetgate_gateway_tail_fills_total", "Live sessions found behind their user's head by the periodic tail check (a lost last push), and filled.");
+    this.registryRecord = new Gauge({ name: "jetgate_gateway_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });
     this.regressions.inc({ component: "gateway" }, 0);
   }
 }

@@ -30,6 +30,8 @@ export async function runWorker(env: Record<string, string | undefined> = proces
   redis.on("error", (err: Error) => log.warn({ err: err.message }, "redis error"));
   const registry = await RegistryClient.open(nc, registryLogging(log));
   const metrics = new WorkerMetrics();
+  metrics.registryRecord.set(registry.state.seq);
+  registry.onChange((st) => metrics.registryRecord.set(st.seq));
   const worker = new Worker(
     { nc, redis, keys: new RedisKeys(config.JETGATE_REDIS_PREFIX), registry, metrics, log, workerId, config },
     { leaseMs: config.JETGATE_LEASE_MS },

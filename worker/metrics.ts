@@ -16,6 +16,7 @@ export class WorkerMetrics {
   readonly epoch: Gauge<"shard">;
   readonly offset: Gauge<"shard">;
   readonly lease: Gauge<"shard">;
+  readonly registryRecord: Gauge;
 
   constructor() {
     const registers = [this.registry];
@@ -35,6 +36,7 @@ export class WorkerMetrics {
     this.epoch = g("jetgate_shard_epoch", "Current epoch of an owned shard (review at 1000).");
     this.offset = g("jetgate_shard_log_offset", "Last log offset processed in an owned shard (48-bit field: review at 10% of 2^48).");
     this.lease = g("jetgate_worker_lease_held", "1 while this worker holds the shard's lease.");
+    this.registryRecord = new Gauge({ name: "jetgate_worker_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });
     this.regressions.inc({ component: "worker" }, 0);
   }
 }

@@ -188,6 +188,8 @@ test("gateway live - health, readiness and metrics on the WebSocket port", async
     "jetgate_gateway_frames_out_total", "jetgate_gateway_bytes_out_total", 'jetgate_gateway_auth_outcomes_total{case="fresh"}',
     'jetgate_gateway_catchup_entries_total{source="stream"}', "jetgate_gateway_slow_consumers_total", "jetgate_gateway_dispatch_requests_total",
   ]) assert.ok(text.includes(name), name);
+  const head = (await stack.registry.sync()).seq;
+  await waitFor("the gateway reports the registry record it applied", async () => (await gateway.metric("jetgate_gateway_registry_record")) === head);
   assert.equal((await gateway.http("/nope")).status, 404);
 });
 

@@ -172,5 +172,7 @@ test("worker - health, readiness and metrics endpoints", async () => {
     "jetgate_worker_duplicates_total", "jetgate_worker_forwarded_total", "jetgate_worker_lag_entries", "jetgate_shard_epoch",
     "jetgate_shard_log_offset", "jetgate_worker_lease_held",
   ]) assert.ok(text.includes(name), name);
+  const head = (await registry.sync()).seq;
+  await waitFor("the worker reports the registry record it applied", async () => (await worker.metric("jetgate_worker_registry_record")) === head);
   assert.equal((await worker.http("/nope")).status, 404);
 });
