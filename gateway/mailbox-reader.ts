@@ -11,7 +11,7 @@
  */
 import { randomBytes } from "node:crypto";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { AckPolicy, DeliverPolicy, jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, jetstream, jetstreamManager, type JetStreamManager, type MsgRequest } from "@nats-io/jetstream";
 import {
   decodeCacheRecord,
   decodeStoredEntry,
@@ -23,7 +23,6 @@ import {
   shardStream,
   userSubjects,
   entrySubject,
-  isNotFound,
   type Entry,
   type MailboxSeq,
   type RedisClient,
@@ -55,6 +54,17 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return 1
 `;
 type RaiseClient = RedisClient & { jgRaiseWatermark(key: string, lane: string, seq20: string, ttl: number): Promise<number> };
+
+/**
+ * One message by sequence or subject from the stream's leader (JetStream's STREAM.MSG.GET; null when
+ * there is none). Never a direct get: any replica answers those, and a replica that is catching up
+ * (a restarted node of an R3 cluster) says "nothing there" for an entry the leader acknowledged. A
+ * gap fill believed it and sent the next entry over the gap (found by the NATS R3 fault scenario).
+ */
+function leaderGet(jsm: JetStreamManager, stream: string, query: { last_by_subj: string } | { seq: number; next_by_subj: string }) {
+  // nats.js types STREAM.MSG.GET without next_by_subj, which nats-server has served since 2.9
+  return jsm.streams.getMessage(stream, query as MsgRequest);
+}
 
 const TRIM_CACHE_MS = 1000;
 /** Stream reads (each a short-lived consumer) at once per gateway. */
@@ -164,10 +174,7 @@ export class MailboxReader {
     let head = 0n;
     await Promise.all(
       this.lanes.map(async (lane) => {
-        const m = await jsm.direct.getMessage(shardStream(shard), { last_by_subj: entrySubject(shard, user, lane) }).catch((err: unknown) => {
-          if (isNotFound(err)) return null;
-          throw err;
-        });
+        const m = await leaderGet(jsm, shardStream(shard), { last_by_subj: entrySubject(shard, user, lane) });
         if (m === null) return;
         const seq = deriveSeq(s, s.log, m.seq);
         if (seq === undefined) return;
@@ -213,10 +220,7 @@ export class MailboxReader {
     // next_by_subj scans the stream from the cursor's offset: bounded like stream reads, so a storm
     // of fresh devices queues here rather than timing out in nats-server
     await this.streamReads.acquire();
-    const m = await jsm.direct.getMessage(shardStream(shard), { seq: Number(seqOffset(after)) + 1, next_by_subj: userSubjects(shard, user) }).catch((err: unknown) => {
-      if (isNotFound(err)) return null;
-      throw err;
-    }).finally(() => this.streamReads.release());
+    const m = await leaderGet(jsm, shardStream(shard), { seq: Number(seqOffset(after)) + 1, next_by_subj: userSubjects(shard, user) }).finally(() => this.streamReads.release());
     if (m === null) return true;
     const seq = deriveSeq(s, s.log, m.seq);
     return seq !== undefined && seq > until;
@@ -345,10 +349,7 @@ export class MailboxReader {
     let offset = Number(seqOffset(after)) + 1;
     const end = Number(seqOffset(before));
     while (offset < end) {
-      const m = await jsm.direct.getMessage(stream, { seq: offset, next_by_subj: userSubjects(shard, user) }).catch((err: unknown) => {
-        if (isNotFound(err)) return null;
-        throw err;
-      });
+      const m = await leaderGet(jsm, stream, { seq: offset, next_by_subj: userSubjects(shard, user) });
       if (m === null || m.seq >= end) break;
       const subj = parseEntrySubject(m.subject);
       const seq = deriveSeq(s, s.log, m.seq);
