@@ -10,7 +10,7 @@
  * of the last message. A crash between any two steps re-processes the batch under a newer epoch.
  */
 import type { Logger } from "pino";
-import type { NatsConnection } from "@nats-io/transport-node";
+import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
 import {
   AckPolicy,
   DeliverPolicy,
@@ -75,8 +75,16 @@ const CONSUMER_PREFIX = "w_";
 /** How long a read of the registry head confirms the epoch for (see confirmEpoch). */
 const CONFIRM_FRESH_MS = 50;
 
+/** A stream message as the runner uses it: from its consumer, or fetched by offset to fill a gap. */
+interface StreamMsg {
+  subject: string;
+  seq: number;
+  data: Uint8Array;
+  headers?: MsgHdrs;
+}
+
 interface Item {
-  msg: JsMsg;
+  msg: StreamMsg;
   user: string;
   lane: string;
   seq: bigint;
@@ -294,14 +302,20 @@ export class ShardRunner {
     if (!this.isCurrent(epoch)) return false;
     const shardState = this.d.registry.state.shards.get(this.shard)!;
     const items: Item[] = [];
-    const forwards: JsMsg[] = [];
+    const forwards: StreamMsg[] = [];
     let maxOffset = this.lastOffset;
     for (const m of batch) {
       if (m.seq <= maxOffset) continue; // a redelivery of what is already done or in this batch
+      // The consumer reads the whole stream, so offsets come one after another. A hole means a
+      // delivery was lost on the way (a NATS node dying with a pull response in flight); the ack
+      // policy is AckAll, so acking past it would drop it for good: fetch it from the leader first.
+      const skipped = m.seq > maxOffset + 1 ? await this.fetchSkipped(maxOffset + 1, m.seq - 1) : [];
+      for (const x of [...skipped, m]) {
+        const parsed = this.parse(x, epoch, shardState);
+        if (parsed === "forward") forwards.push(x);
+        else if (parsed !== undefined) items.push(parsed);
+      }
       maxOffset = m.seq;
-      const parsed = this.parse(m, epoch, shardState);
-      if (parsed === "forward") forwards.push(m);
-      else if (parsed !== undefined) items.push(parsed);
     }
     const results = await this.redisStep(items, epoch);
     if (results === undefined) return false;
@@ -333,7 +347,28 @@ export class ShardRunner {
     return true;
   }
 
-  private parse(m: JsMsg, epoch: number, shardState: ShardState): Item | "forward" | undefined {
+  /**
+   * The messages at offsets from..to that the consumer skipped, from the stream's leader; offsets
+   * retention removed (below the stream's first) or never written are not there to fetch.
+   */
+  private async fetchSkipped(from: number, to: number): Promise<StreamMsg[]> {
+    const jsm = (this.jsm ??= await jetstreamManager(this.d.nc));
+    const first = (await jsm.streams.info(this.stream)).state.first_seq;
+    const out: StreamMsg[] = [];
+    for (let seq = Math.max(from, first); seq <= to; seq++) {
+      const sm = await jsm.streams.getMessage(this.stream, { seq });
+      if (sm !== null) out.push({ subject: sm.subject, seq: sm.seq, data: sm.data, headers: sm.header });
+    }
+    if (out.length > 0) {
+      this.d.metrics.deliveryGaps.inc(this.label, out.length);
+      this.d.log.warn({ shard: this.shard, from, to, fetched: out.length }, "the consumer skipped offsets: fetched from the stream");
+    }
+    return out;
+  }
+
+  private jsm: JetStreamManager | undefined;
+
+  private parse(m: StreamMsg, epoch: number, shardState: ShardState): Item | "forward" | undefined {
     const subj = parseEntrySubject(m.subject);
     try {
       if (subj === undefined || subj.shard !== this.shard) throw new Error(`unexpected subject ${m.subject}`);
@@ -411,7 +446,7 @@ export class ShardRunner {
   }
 
   /** Entries for users another shard owns now (after a split) go there, same Nats-Msg-Id. */
-  private async forward(msgs: JsMsg[]): Promise<void> {
+  private async forward(msgs: StreamMsg[]): Promise<void> {
     const map = this.d.registry.shards;
     await Promise.all(
       msgs.map(async (m) => {

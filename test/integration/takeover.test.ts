@@ -1,7 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
-import { Dispatcher, RegistryClient } from "../../protocol/index.js";
+import { jetstream } from "@nats-io/jetstream";
+import { Dispatcher, RegistryClient, shardStream } from "../../protocol/index.js";
 import { startInfra, initStack, spawnWorker, redisClient, PushCollector, DispatchLoad, type Infra, type JetgateProcess } from "../harness/stack.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
@@ -169,6 +170,41 @@ test("takeover - Redis loses the worker set and every lease (FLUSHALL, five time
     assert.ok(a.output.concat(b.output).some((l) => l.includes("worker set had vanished")), "the workers said why they held back");
   } finally {
     redis.disconnect();
+    await r.close();
+  }
+});
+
+test("takeover - a delivery lost in flight (the consumer moved past an offset the worker never got): the worker fetches it before acking past it", async () => {
+  const r = await rig();
+  const nc = await connect({ servers: r.infra.nats.url });
+  try {
+    const w = await spawnWorker(r.infra.env, { JETGATE_WORKER_ID: "solo" });
+    r.procs.push(w);
+    await waitFor("it owns both shards", async () => (await ownedShards(w)).length === 2);
+    const shard = r.registry.shards.shardOf("gail")!;
+    const epoch = r.registry.state.shards.get(shard)!.epoch;
+    const send = async (id: string) => {
+      const [res] = await r.dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: ["gail"], body: new Uint8Array(1) });
+      assert.ok(res && !("error" in res));
+    };
+    await send("g1");
+    await waitFor("g1 pushed", () => r.pushes.pushes.some((p) => p.push.entry.id === "g1"));
+    // the worker sleeps until its pull request has expired (10 s), so the next message goes to
+    // whoever pulls next: this test, which never acks it, as if the response was lost on the way
+    w.proc.kill("SIGSTOP");
+    await sleep(11_000);
+    await send("g2");
+    const consumer = await jetstream(nc).consumers.get(shardStream(shard), `w_${epoch}`);
+    const stolen = await consumer.next({ expires: 2000 });
+    assert.ok(stolen !== null, "the test took the delivery of g2");
+    await send("g3");
+    w.proc.kill("SIGCONT");
+    await waitFor("g3 pushed", () => r.pushes.pushes.some((p) => p.push.entry.id === "g3"), { timeoutMs: 15_000 });
+    const ids = r.pushes.pushes.filter((p) => p.user === "gail").map((p) => p.push.entry.id);
+    assert.deepEqual(ids, ["g1", "g2", "g3"], "g2 fetched by offset and pushed in order");
+    assert.equal(await w.metric("jetgate_worker_delivery_gaps_total"), 1);
+  } finally {
+    await nc.close();
     await r.close();
   }
 });
