@@ -304,13 +304,20 @@ export function halfRange(r: HashRange, upper: boolean): HashRange {
  * never below a boundary written from an ack floor (takeover) or the start of the current log.
  * A split boundary is written by an operator from the stream's last offset, so entries between the
  * floor and the cut may still be unprocessed: they are processed, numbered by the older boundary.
+ * The first owner after a split also starts no later than the cut: what the fenced owner processed
+ * past it went out under the old epoch (gateways that knew the split dropped those pushes) and was
+ * acked, so a moved user's entry there was never forwarded to the child (the split fault scenario
+ * lost one that way). Processed again, moved users' entries are forwarded, the rest pushed again
+ * under the new epoch (devices drop the repeats by message id).
  */
 export function processingStart(shard: ShardState, ackFloor: number): number {
   let lower = 1;
   for (const b of shard.boundaries) {
     if (b.log === shard.log && b.cause !== "split" && b.cause !== "merge") lower = Math.max(lower, b.start_offset);
   }
-  return Math.max(ackFloor + 1, lower);
+  const start = Math.max(ackFloor + 1, lower);
+  const last = shard.boundaries[shard.boundaries.length - 1]!;
+  return last.cause === "split" && last.log === shard.log ? Math.min(start, last.start_offset) : start;
 }
 
 /**

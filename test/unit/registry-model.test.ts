@@ -145,6 +145,9 @@ test("registry - processingStart: from the ack floor, never below a takeover's s
   assert.equal(processingStart(t, 10), 40, "a takeover boundary was written from a floor: everything below was acked");
   const [p] = splitShard(t, { child: 9, childLog: "logK", moved: halfRange(t.range, true), cutOffset: 80 });
   assert.equal(processingStart(p, 60), 61, "a split's cut may lie above the floor: what is between is still processed");
+  assert.equal(processingStart(p, 95), 81, "the fenced owner acked past the cut under the old epoch: from the cut again");
+  const again = bumpEpoch(p, { cause: "takeover", start_offset: 81 });
+  assert.equal(processingStart(again, 95), 96, "once a takeover followed the split, the floor rules again");
 });
 
 test("registry - entryOwner: a moved user's entries stay the parent's up to split_at_seq", async () => {
