@@ -53,15 +53,21 @@ export class Leases {
 
   /**
    * Records this worker as live for one lease period and returns every live worker, sorted.
-   * `rejoined`: this worker's entry was not there (its first heartbeat, or Redis lost it).
+   * `redisLost`: Redis lost its data (a restart without persistence, FLUSHALL) less than a lease
+   * ago, told by a marker key without expiry that holds when it was (re)created. Every worker
+   * ticking within that lease sees it, whichever re-created it. A worker whose own tick ran late
+   * finds its entry expired but an old marker: that is not a loss of the worker set.
    */
-  async heartbeat(): Promise<{ live: string[]; rejoined: boolean }> {
+  async heartbeat(): Promise<{ live: string[]; redisLost: boolean }> {
     const now = Date.now();
     const key = this.keys.workers();
+    await this.redis.set(`${key}:since`, String(now), "NX");
+    const since = Number(await this.redis.get(`${key}:since`));
+    const lost = Number.isFinite(since) && now - since < this.leaseMs;
     await this.redis.zremrangebyscore(key, "-inf", String(now));
-    const added = await this.redis.zadd(key, now + this.leaseMs, this.owner);
+    await this.redis.zadd(key, now + this.leaseMs, this.owner);
     const live = await this.redis.zrangebyscore(key, String(now), "+inf");
-    return { live: live.includes(this.owner) ? live.sort() : [...live, this.owner].sort(), rejoined: Number(added) === 1 };
+    return { live: live.includes(this.owner) ? live.sort() : [...live, this.owner].sort(), redisLost: lost };
   }
 
   async leave(): Promise<void> {

@@ -70,13 +70,13 @@ export class Worker {
     this.jsm ??= await jetstreamManager(this.deps.nc);
     const beat = await this.leases.heartbeat();
     this.liveWorkers = beat.live;
-    if (beat.rejoined && this.beats > 0) {
-      // Redis lost the worker set and the leases (restart, FLUSHALL, an outage past the lease):
+    if (beat.redisLost && this.beats > 0) {
+      // Redis lost the worker set and the leases (a restart without persistence, FLUSHALL):
       // the set looks nearly empty, and every lease free. Taking shards now would take over live
       // workers' shards (an epoch bump, replays to devices) before they re-take their own leases
       // on their next tick; one lease period gives every live worker that tick.
       this.settleUntil = Date.now() + this.opts.leaseMs;
-      this.deps.log.warn({ ms: this.opts.leaseMs }, "worker set had vanished from Redis: no new shards for one lease period");
+      this.deps.log.warn({ ms: this.opts.leaseMs }, "Redis lost the worker set: no new shards for one lease period");
     }
     this.beats++;
     await this.renewAll();
