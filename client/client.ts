@@ -461,15 +461,7 @@ export class JetgateClient {
             continue;
           }
           if ("authOk" in item) {
-            // `from` is the server's position for this device: the cursor, its rebased value, the
-            // head after a rebuild, 0 for a fresh start. During a split the old range plays first.
-            if (this.pendingJump === undefined) {
-              this.token = item.authOk.cursor;
-              this.lastApplied = item.authOk.from;
-            } else {
-              this.pendingJump.cursor = item.authOk.cursor;
-            }
-            this.saveCursor();
+            this.authOk(item.authOk);
             continue;
           }
           if (this.pendingJump !== undefined && item.shard !== this.pendingJump.shard) {
@@ -489,6 +481,20 @@ export class JetgateClient {
       }
     })();
     return this.applying;
+  }
+
+  /**
+   * `from` is the server's position for this device: the cursor, its rebased value, the head after a
+   * rebuild, 0 for a fresh start. During a split the old range plays first (pendingJump).
+   */
+  private authOk(a: Extract<Incoming, { authOk: unknown }>["authOk"]): void {
+    if (this.pendingJump === undefined) {
+      this.token = a.cursor;
+      this.lastApplied = a.from;
+    } else {
+      this.pendingJump.cursor = a.cursor;
+    }
+    this.saveCursor();
   }
 
   private rebase(r: Extract<Incoming, { rebase: unknown }>["rebase"]): void {

@@ -101,7 +101,7 @@ export function decideAuth(input: AuthInput): AuthDecision {
 
   if (cursor === undefined) return fresh("fresh");
   if (!cursor.sigValid) return fresh("invalid", "cursor signature does not verify");
-  const cursorShard = registry.shards.get(cursor.shard);
+  let cursorShard = registry.shards.get(cursor.shard);
   if (cursorShard === undefined) return fresh("invalid", `cursor names shard ${cursor.shard}, unknown to the registry`);
   // A device may hold entries of a newer epoch than its token (pushed before the mid-session
   // CURSOR_REBASED with the new token reached it). The seq is the device's own report, the token is
@@ -116,16 +116,14 @@ export function decideAuth(input: AuthInput): AuthDecision {
   // A split child's token with a seq still in the parent's numbering (an SDK that took the child's
   // token before the old range was done, then was cut off): the seq is the parent's, and so is the
   // cursor; read in the child's log, its offset would skip the child's first entries.
-  let from = cursorShard;
-  for (let hops = 0; cursor.seq > 0n && seqEpoch(cursor.seq) < from.boundaries[0]!.epoch && hops < 64; hops++) {
-    const parentCursor = inParent(registry, from, cursor);
+  for (let hops = 0; cursor.seq > 0n && seqEpoch(cursor.seq) < cursorShard.boundaries[0]!.epoch && hops < 64; hops++) {
+    const parentCursor = inParent(registry, cursorShard, cursor);
     if (parentCursor === undefined) break;
-    [from, cursor] = parentCursor;
+    [cursorShard, cursor] = parentCursor;
   }
-  const cursorShardNow = from;
 
   // 3) the user moved to another shard by one or more splits
-  if (cursor.shard !== userShard) return decideSplit(input, cursorShardNow, shard, cursor);
+  if (cursor.shard !== userShard) return decideSplit(input, cursorShard, shard, cursor);
 
   // the registry has not seen the cursor's epoch: a failover to a copy that lagged
   if (cursor.epoch > shard.epoch) {

@@ -358,8 +358,7 @@ export class Session {
       // device would start over and get entries numbered below what it holds (the NATS R3 fault
       // scenario saw exactly that while the registry stream changed leader). Retry later instead.
       const synced = await this.ctx.registry.sync().then(() => true, () => false);
-      if (this.closed) return;
-      if (!synced) {
+      if (!synced && !this.closed) {
         this.ctx.metrics.authOutcomes.inc({ case: "registry_unavailable" });
         this.fail(ErrorCode.INTERNAL, "registry unavailable: reconnect later", CloseCode.INTERNAL);
         return;

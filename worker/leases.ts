@@ -61,12 +61,16 @@ export class Leases {
   async heartbeat(): Promise<{ live: string[]; redisLost: boolean }> {
     const now = Date.now();
     const key = this.keys.workers();
-    await this.redis.set(`${key}:since`, String(now), "NX");
-    const since = Number(await this.redis.get(`${key}:since`));
+    // issued together: one auto-pipelined round trip, in order
+    const [, sinceValue, , , live] = await Promise.all([
+      this.redis.set(`${key}:since`, String(now), "NX"),
+      this.redis.get(`${key}:since`),
+      this.redis.zremrangebyscore(key, "-inf", String(now)),
+      this.redis.zadd(key, now + this.leaseMs, this.owner),
+      this.redis.zrangebyscore(key, String(now), "+inf"),
+    ]);
+    const since = Number(sinceValue);
     const lost = Number.isFinite(since) && now - since < this.leaseMs;
-    await this.redis.zremrangebyscore(key, "-inf", String(now));
-    await this.redis.zadd(key, now + this.leaseMs, this.owner);
-    const live = await this.redis.zrangebyscore(key, String(now), "+inf");
     return { live: live.includes(this.owner) ? live.sort() : [...live, this.owner].sort(), redisLost: lost };
   }
 

@@ -303,18 +303,19 @@ export class ShardRunner {
     const shardState = this.d.registry.state.shards.get(this.shard)!;
     const items: Item[] = [];
     const forwards: StreamMsg[] = [];
+    const take = (m: StreamMsg) => {
+      const parsed = this.parse(m, epoch, shardState);
+      if (parsed === "forward") forwards.push(m);
+      else if (parsed !== undefined) items.push(parsed);
+    };
     let maxOffset = this.lastOffset;
     for (const m of batch) {
       if (m.seq <= maxOffset) continue; // a redelivery of what is already done or in this batch
       // The consumer reads the whole stream, so offsets come one after another. A hole means a
       // delivery was lost on the way (a NATS node dying with a pull response in flight); the ack
       // policy is AckAll, so acking past it would drop it for good: fetch it from the leader first.
-      const skipped = m.seq > maxOffset + 1 ? await this.fetchSkipped(maxOffset + 1, m.seq - 1) : [];
-      for (const x of [...skipped, m]) {
-        const parsed = this.parse(x, epoch, shardState);
-        if (parsed === "forward") forwards.push(x);
-        else if (parsed !== undefined) items.push(parsed);
-      }
+      if (m.seq > maxOffset + 1) for (const x of await this.fetchSkipped(maxOffset + 1, m.seq - 1)) take(x);
+      take(m);
       maxOffset = m.seq;
     }
     const results = await this.redisStep(items, epoch);
