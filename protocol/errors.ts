@@ -22,6 +22,10 @@ export const ErrorCode = {
   RATE_LIMITED: "RATE_LIMITED",
   /** A frame or a body over the configured size. */
   TOO_LARGE: "TOO_LARGE",
+  /** A request the session cannot serve as asked (PULL of an unknown lane, ACK of a seq never sent). */
+  BAD_REQUEST: "BAD_REQUEST",
+  /** The server cannot answer now (its registry or streams are changing); retry after `retry_ms`. */
+  UNAVAILABLE: "UNAVAILABLE",
   /** A server-side fault; the request may be retried. */
   INTERNAL: "INTERNAL",
 } as const;
@@ -36,6 +40,7 @@ export const CloseCode = {
   TOO_LARGE: 4413,
   RATE_LIMITED: 4429,
   INTERNAL: 4500,
+  UNAVAILABLE: 4503,
   GOING_AWAY: 1001,
 } as const;
 export type CloseCode = (typeof CloseCode)[keyof typeof CloseCode];
@@ -48,8 +53,39 @@ export const closeReasons: Readonly<Record<CloseCode, string>> = {
   4413: "frame too large",
   4429: "rate limited",
   4500: "internal error",
+  4503: "temporarily unavailable: reconnect",
   1001: "server draining",
 };
+
+/**
+ * How a session ends, as one value: the ERROR code the device is told and the close code that
+ * follows (centrifuge's Disconnect). The gateway closes only with these, so a code and its pair
+ * cannot drift apart.
+ */
+export interface Disconnect {
+  readonly error: ErrorCode;
+  readonly close: CloseCode;
+}
+
+export const Disconnect = {
+  BAD_FRAME: { error: ErrorCode.BAD_FRAME, close: CloseCode.BAD_FRAME },
+  TOO_LARGE: { error: ErrorCode.TOO_LARGE, close: CloseCode.TOO_LARGE },
+  UNAUTHORIZED: { error: ErrorCode.UNAUTHORIZED, close: CloseCode.UNAUTHENTICATED },
+  RATE_LIMITED: { error: ErrorCode.RATE_LIMITED, close: CloseCode.RATE_LIMITED },
+  UNAVAILABLE: { error: ErrorCode.UNAVAILABLE, close: CloseCode.UNAVAILABLE },
+  INTERNAL: { error: ErrorCode.INTERNAL, close: CloseCode.INTERNAL },
+} as const satisfies Record<string, Disconnect>;
+
+/**
+ * Close codes a device uses itself (4000..4099: the device's own reasons). A gateway logs them;
+ * they change nothing on its side.
+ */
+export const DeviceClose = {
+  BYE: { code: 1000, reason: "bye" },
+  RECONNECT: { code: 4000, reason: "client reconnect" },
+  HEARTBEAT_MISSED: { code: 4001, reason: "heartbeat missed" },
+  BAD_SERVER_FRAME: { code: 4002, reason: "bad frame from server" },
+} as const satisfies Record<string, { code: number; reason: string }>;
 
 /** Whether a device should reconnect after this close code (all but a replaced session). */
 export function shouldReconnect(code: number): boolean {

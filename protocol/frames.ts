@@ -144,7 +144,15 @@ export const AuthOkFrameSchema = z.object({
   hb: z.number().int().min(0),
 });
 
-export const OldRangeSchema = z.object({ shard, after: u64, until: u64 });
+/** Most split hops one CURSOR_REBASED describes (a registry loop is refused long before). */
+export const MAX_OLD_RANGES = 64;
+
+/**
+ * One range of an older shard a moved user still has to receive: its entries with seq in
+ * (after, until], in that shard's numbering. `cursor` is that shard's token: a device that stops
+ * inside the range resumes with it, so its stored token and seq always share one numbering.
+ */
+export const OldRangeSchema = z.object({ shard, after: u64, until: u64, cursor: CursorTokenSchema.optional() });
 
 export const ErrorFrameSchema = z.object({
   t: z.literal("ERROR"),
@@ -154,6 +162,9 @@ export const ErrorFrameSchema = z.object({
   id: u32.optional(),
   new_cursor: CursorTokenSchema.optional(),
   replay_from_seq: u64.optional(),
+  /** Every split hop, in order (P -> C1 -> C2 ...); the new shard follows from replay_from_seq. */
+  old_ranges: z.array(OldRangeSchema).max(MAX_OLD_RANGES).optional(),
+  /** The first hop alone, for SDKs older than `old_ranges`; gateways send both. */
   old_range: OldRangeSchema.optional(),
   trim_watermark: u64.optional(),
   rebuild_required: z.boolean().optional(),
