@@ -8,11 +8,13 @@
  *   entry at a time; the cursor advances (and is saved) only after the handler has finished. A
  *   handler that throws gets the same entry again after a backoff.
  * - A cursor that no longer fits the server (epoch change, rebuilt log, split, retention) is handled
- *   as the server says (ADR-0004 section 4): rebase and dedup, old range then new shard, the app's
- *   rebuild hook, or a fresh start.
+ *   as the server says (ADR-0004 section 4): rebase and dedup, each old shard's range in order (one
+ *   per split hop) then the new shard, the app's rebuild hook, or a fresh start.
+ * - The stored cursor's token and seq always share one numbering: during a split's ranges the token
+ *   is the range's shard's, so a connection lost inside a range resumes it.
  */
 import {
-  CloseCode,
+  DeviceClose,
   ErrorCode,
   decodeServerFrame,
   encodeFrame,
@@ -23,6 +25,7 @@ import {
   type Entry,
   type ErrorFrame,
   type MailboxSeq,
+  type OldRange,
   type ServerFrame,
 } from "../protocol/device.js";
 import { DEFAULT_BACKOFF, reconnectDelay, type BackoffOptions } from "./backoff.js";
@@ -121,8 +124,21 @@ interface PendingSend {
 /** What the apply loop takes in arrival order: entries, and the rebases that move the cursor between them. */
 type Incoming =
   | { shard: number; entries: Entry[] }
-  | { rebase: { to: MailboxSeq; cursor: CursorToken; oldRange?: { shard: number; after: MailboxSeq } } }
+  | { rebase: { to: MailboxSeq; cursor: CursorToken; oldRanges: readonly OldRange[] } }
   | { authOk: { cursor: CursorToken; from: MailboxSeq } };
+
+/**
+ * One numbering the device passes through after a split: an old shard's range, or (the last one)
+ * the new shard. Entering it: last applied = max(last applied, `after`), token = `cursor` if known.
+ */
+interface Stage {
+  shard: number;
+  after: MailboxSeq;
+  cursor: CursorToken | undefined;
+}
+
+/** The queue item's shard that stands for SYNCED (catch-up done), in order with the entries before it; no real shard is negative. */
+const SYNCED_MARK = -1;
 
 const OPEN = 1;
 
@@ -152,12 +168,15 @@ export class JetgateClient {
   /** Set while CURSOR_EXPIRED's rebuild hook runs: live entries wait. */
   private rebuilding: Promise<void> | undefined;
   /**
-   * Split: until the old shard's range is done, the jump to the new shard's replay point and its
-   * cursor wait. The stored cursor keeps the old shard's token meanwhile: its seq is still in the
-   * old shard's numbering, and the two must agree (a child token with a parent seq made a gateway
-   * skip the child's first entries; the split fault scenario found it).
+   * Split: the old shards' ranges (one per hop, P -> C1 -> C2 ...) then the new shard, in order.
+   * `at` is the stage the device is in (-1: none entered yet); the last stage is the new shard
+   * (`replay_from_seq`, `new_cursor`), and entering it ends the split. The device moves to a stage's
+   * numbering only when that stage's entries begin, never straight to the last one (that dropped
+   * C1's entries as regressions), and the stored cursor takes the stage's token at the same time:
+   * token and seq must always agree (a child token with a parent seq made a gateway skip the child's
+   * first entries; the split fault scenario found it).
    */
-  private pendingJump: { shard: number; to: MailboxSeq; cursor: CursorToken } | undefined;
+  private split: { stages: Stage[]; at: number } | undefined;
   private readonly pulls = new Map<number, (f: Extract<ServerFrame, { t: "MSGS" }>) => void>();
   private nextId = 1;
   private readonly sends = new Map<number, PendingSend>();
@@ -214,7 +233,7 @@ export class JetgateClient {
 
   /** Drops the current connection and reconnects (e.g. after the app saw the network change). */
   disconnect(): void {
-    if (this.ws && this.ws.readyState === OPEN) this.ws.close(4000, "client reconnect");
+    if (this.ws && this.ws.readyState === OPEN) this.ws.close(DeviceClose.RECONNECT.code, DeviceClose.RECONNECT.reason);
   }
 
   /** Closes for good. */
@@ -222,7 +241,7 @@ export class JetgateClient {
     this.setState({ type: "closed", reason: "closed by the app" });
     clearTimeout(this.reconnectTimer);
     this.teardown();
-    this.ws?.close(1000, "bye");
+    this.ws?.close(DeviceClose.BYE.code, DeviceClose.BYE.reason);
     await this.saveChain;
   }
 
@@ -287,7 +306,7 @@ export class JetgateClient {
     this.flushAck();
     // What the dead connection delivered and the app has not applied yet comes again after the cursor
     this.queue = [];
-    this.pendingJump = undefined;
+    this.split = undefined;
     for (const resolve of this.pulls.values()) resolve({ t: "MSGS", shard: -1, e: [] });
     this.pulls.clear();
     if (this.ws) {
@@ -318,7 +337,7 @@ export class JetgateClient {
     try {
       f = decodeServerFrame(data instanceof ArrayBuffer ? new Uint8Array(data) : data);
     } catch {
-      this.ws?.close(CloseCode.BAD_FRAME, "bad frame from server");
+      this.ws?.close(DeviceClose.BAD_SERVER_FRAME.code, DeviceClose.BAD_SERVER_FRAME.reason);
       return;
     }
     switch (f.t) {
@@ -338,7 +357,7 @@ export class JetgateClient {
         void this.drain();
         return;
       case "SYNCED":
-        this.queue.push({ shard: -1, entries: [] }); // marks the end of catch-up in order
+        this.queue.push({ shard: SYNCED_MARK, entries: [] }); // marks the end of catch-up in order
         void this.drain().then(() => {
           if (this.stateValue.type === "syncing") {
             this.attempt = 0;
@@ -401,7 +420,7 @@ export class JetgateClient {
     const hb = Math.max(1000, f.hb);
     this.pingTimer = setInterval(() => {
       if (Date.now() - this.lastHeard > hb * 2 + 5000) {
-        this.ws?.close(4000, "heartbeat missed");
+        this.ws?.close(DeviceClose.HEARTBEAT_MISSED.code, DeviceClose.HEARTBEAT_MISSED.reason);
         return;
       }
       this.write({ t: "PING" });
@@ -413,8 +432,10 @@ export class JetgateClient {
     this.emit({ type: "error", frame: f });
     if (f.code === ErrorCode.CURSOR_REBASED && f.new_cursor && f.replay_from_seq !== undefined) {
       // in order with the entries before it: a mid-session rebase must not move the cursor past
-      // entries still waiting to be applied
-      this.queue.push({ rebase: { to: f.replay_from_seq, cursor: f.new_cursor, ...(f.old_range ? { oldRange: f.old_range } : {}) } });
+      // entries still waiting to be applied. Every hop in `old_ranges`; a gateway older than it
+      // sends the first hop alone in `old_range`.
+      const oldRanges = f.old_ranges !== undefined && f.old_ranges.length > 0 ? f.old_ranges : f.old_range !== undefined ? [f.old_range] : [];
+      this.queue.push({ rebase: { to: f.replay_from_seq, cursor: f.new_cursor, oldRanges } });
       void this.drain();
       return;
     }
@@ -464,13 +485,7 @@ export class JetgateClient {
             this.authOk(item.authOk);
             continue;
           }
-          if (this.pendingJump !== undefined && item.shard !== this.pendingJump.shard) {
-            // Past the old shard's range: continue in the new shard's numbering, with its cursor.
-            if (this.pendingJump.to > this.lastApplied) this.lastApplied = this.pendingJump.to;
-            this.token = this.pendingJump.cursor;
-            this.pendingJump = undefined;
-            this.saveCursor();
-          }
+          if (this.split !== undefined) this.splitArrival(item.shard);
           for (const e of item.entries) {
             // a gap that could not be filled (the connection went): the rest comes again after the cursor
             if (!(await this.applyOne(e))) break;
@@ -485,31 +500,67 @@ export class JetgateClient {
 
   /**
    * `from` is the server's position for this device: the cursor, its rebased value, the head after a
-   * rebuild, 0 for a fresh start. During a split the old range plays first (pendingJump).
+   * rebuild, 0 for a fresh start. During a split the old ranges play first: AUTH_OK's token is the
+   * new shard's, taken when its entries begin.
    */
   private authOk(a: Extract<Incoming, { authOk: unknown }>["authOk"]): void {
-    if (this.pendingJump === undefined) {
+    if (this.split === undefined) {
       this.token = a.cursor;
       this.lastApplied = a.from;
     } else {
-      this.pendingJump.cursor = a.cursor;
+      this.split.stages.at(-1)!.cursor = a.cursor;
     }
     this.saveCursor();
   }
 
   private rebase(r: Extract<Incoming, { rebase: unknown }>["rebase"]): void {
     this.stats.rebases++;
-    if (r.oldRange) {
-      // The old shard's range comes first (its seqs are below the new shard's); jump after it.
-      if (r.oldRange.after > this.lastApplied) this.lastApplied = r.oldRange.after;
-      this.pendingJump = { shard: r.oldRange.shard, to: r.to, cursor: r.cursor };
+    const stages: Stage[] = [...r.oldRanges.map((o) => ({ shard: o.shard, after: o.after, cursor: o.cursor })), { shard: r.cursor.shard, after: r.to, cursor: r.cursor }];
+    if (this.split !== undefined) {
+      // Another rebase before the last one's new shard began (its shard split again, or changed
+      // epoch): its stages follow the ones still ahead. Its first stage is usually that same new
+      // shard: one stage then, which keeps the earlier token when this frame names none.
+      const last = this.split.stages.at(-1)!;
+      const first = stages[0]!;
+      if (first.shard === last.shard) {
+        stages.shift();
+        if (first.after > last.after) last.after = first.after;
+        last.cursor = first.cursor ?? last.cursor;
+      }
+      this.split.stages.push(...stages);
+    } else if (stages.length > 1) {
+      // The old shards' ranges come first (their seqs are below the new shard's), each in its own
+      // numbering, entered as its entries begin.
+      this.split = { stages, at: -1 };
     } else {
-      this.token = r.cursor;
-      this.pendingJump = undefined;
-      if (r.to > this.lastApplied) this.lastApplied = r.to;
+      this.enterStage(stages[0]!);
     }
     this.saveCursor();
     this.emit({ type: "rebased", replayFrom: r.to, cursor: r.cursor });
+  }
+
+  /**
+   * Entries of `shard` (or SYNCED) arrive during a split: entries of a later stage's shard enter
+   * that stage, passing over the ranges before it that had no entries; SYNCED means every range
+   * and the new shard's catch-up were sent: on to the new shard. Entries of the stage the device
+   * is in change nothing.
+   */
+  private splitArrival(shard: number): void {
+    const split = this.split!;
+    if (split.at >= 0 && split.stages[split.at]!.shard === shard) return;
+    const last = split.stages.length - 1;
+    const next = shard === SYNCED_MARK ? last : split.stages.findIndex((s, i) => i > split.at && s.shard === shard);
+    if (next === -1) return; // a shard no stage ahead names: stay in the numbering the device is in
+    this.enterStage(split.stages[next]!);
+    split.at = next;
+    if (next === last) this.split = undefined;
+    this.saveCursor();
+  }
+
+  /** Moves to a stage's numbering: never below the last applied; its token when it has one. */
+  private enterStage(s: Stage): void {
+    if (s.after > this.lastApplied) this.lastApplied = s.after;
+    if (s.cursor !== undefined) this.token = s.cursor;
   }
 
   /** False when `e` must wait: its gap could not be filled because the connection is gone. */

@@ -4,12 +4,14 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import WebSocket, { WebSocketServer } from "ws";
-import { composeSeq, decodeClientFrame, encodeFrame, type ClientFrame, type Entry, type ServerFrame } from "../../protocol/device.js";
+import {
+  DeviceClose, composeSeq, decodeClientFrame, encodeFrame, seqEpoch, type ClientFrame, type CursorToken, type DeviceCursor, type Entry, type ServerFrame,
+} from "../../protocol/device.js";
 import {
   JetgateClient, MemoryCursorStore, reconnectDelay, serializeCursor, deserializeCursor, type ClientOptions, type WebSocketFactory,
 } from "../../client/index.js";
 import { FileCursorStore } from "../../client/node.js";
-import { waitFor } from "../harness/wait.js";
+import { sleep, waitFor } from "../harness/wait.js";
 
 /** A scripted gateway: a real WebSocket server whose answers each test writes. */
 class FakeGateway {
@@ -59,7 +61,7 @@ class Conn {
 const sig = new Uint8Array(16).fill(3);
 const tok = (shard = 0, epoch = 1) => ({ shard, epoch, log: "L", sig });
 const entry = (seq: bigint, id: string, prev: bigint | null = null, lane = "default"): Entry => ({ seq, id, lane, prev, ts: 1, b: new Uint8Array([1]) });
-const authOk = (from: bigint, cursor = tok()): ServerFrame => ({ t: "AUTH_OK", session: "s", user: "u", shard: cursor.shard, epoch: cursor.epoch, cursor, from, head: from, trim: 0n, lanes: {}, hb: 25000 });
+const authOk = (from: bigint, cursor = tok(), hb = 25000): ServerFrame => ({ t: "AUTH_OK", session: "s", user: "u", shard: cursor.shard, epoch: cursor.epoch, cursor, from, head: from, trim: 0n, lanes: {}, hb });
 const msgs = (shard: number, ...e: Entry[]): ServerFrame => ({ t: "MSGS", shard, e });
 const S = (n: number, epoch = 1) => composeSeq(epoch, n);
 
@@ -175,6 +177,262 @@ test("client - split: cut off inside the old range, the cursor keeps the old sha
   assert.deepEqual(applied.map((e) => e.id), ["old", "old2", "new"]);
   assert.equal(client.stats.mailboxSeqRegressionCount, 0);
   assert.deepEqual(await store.load(), { ...child, seq: S(1, 2) }, "the child's token once past the old range");
+});
+
+// ---- moved by several splits (P -> C1 -> C2 ...) -----------------------------------------------
+// Each shard has its own epoch here (a child starts at its parent's epoch + 1), so a stored cursor
+// whose seq is in another numbering than its token shows as an epoch mismatch.
+const P = tok(1, 1);
+const C1 = tok(2, 2);
+const C2 = tok(3, 3);
+const C3 = tok(4, 4);
+interface Range {
+  shard: number;
+  after: bigint;
+  until: bigint;
+  cursor?: CursorToken;
+}
+/** One hop's range, with that shard's token as today's gateways send it (`withCursor` false: as an older one). */
+const range = (cursor: CursorToken, after: bigint, until: bigint, withCursor = true): Range => ({ shard: cursor.shard, after, until, ...(withCursor ? { cursor } : {}) });
+/** CURSOR_REBASED as a gateway sends it: every hop in `old_ranges`, the first alone in `old_range`. */
+const rebased = (to: CursorToken, from: bigint, ranges: Range[] = []): ServerFrame => ({
+  t: "ERROR", code: "CURSOR_REBASED", msg: "", fatal: false, new_cursor: to, replay_from_seq: from,
+  ...(ranges.length > 0 ? { old_ranges: ranges, old_range: ranges[0] } : {}),
+});
+const ids = (es: Entry[]) => es.map((e) => e.id);
+
+/** A store that keeps every cursor saved, so a test can check each one. */
+class RecordingStore extends MemoryCursorStore {
+  readonly saved: DeviceCursor[] = [];
+  override async save(c: DeviceCursor) {
+    this.saved.push(c);
+    await super.save(c);
+  }
+}
+async function storedAt(token: CursorToken, seq: bigint): Promise<RecordingStore> {
+  const s = new RecordingStore();
+  await s.save({ ...token, seq });
+  s.saved.length = 0;
+  return s;
+}
+/** Every cursor the device stored had its token and its seq in one numbering (0: before everything). */
+function assertOneNumbering(store: RecordingStore): void {
+  for (const c of store.saved) {
+    assert.ok(c.seq === 0n || seqEpoch(c.seq) === c.epoch, `stored a token of shard ${c.shard} (epoch ${c.epoch}) with a seq of epoch ${seqEpoch(c.seq)}`);
+  }
+}
+
+test("client - moved by two splits while offline: P's range, then C1's, then C2, every entry once", async () => {
+  const store = await storedAt(P, S(10, 1));
+  const c2 = { ...C2, log: "L2" }; // AUTH_OK's token is the one the device goes on with
+  const { client, applied } = await rig((c) => c.on((f) => f.t === "AUTH" && c.send(
+    rebased(C2, S(0, 3), [range(P, S(10, 1), S(20, 1)), range(C1, S(0, 2), S(5, 2))]),
+    authOk(S(0, 3), c2),
+    msgs(1, entry(S(15, 1), "p15"), entry(S(18, 1), "p18")),
+    msgs(1, entry(S(20, 1), "p20")),
+    msgs(2, entry(S(2, 2), "c1-2"), entry(S(5, 2), "c1-5")),
+    msgs(3, entry(S(1, 3), "c2-1")),
+    { t: "SYNCED", seq: S(1, 3) },
+  )), { store });
+  await waitFor("live", () => client.state.type === "live");
+  assert.deepEqual(ids(applied), ["p15", "p18", "p20", "c1-2", "c1-5", "c2-1"]);
+  assert.equal(client.stats.mailboxSeqRegressionCount, 0);
+  assert.equal(client.stats.duplicatesDropped, 0);
+  assert.equal(client.stats.rebases, 1);
+  assert.deepEqual(await store.load(), { ...c2, seq: S(1, 3) });
+  assertOneNumbering(store);
+  assert.ok(store.saved.some((x) => x.shard === 2 && x.seq === S(5, 2)), "C1's entries were stored with C1's token");
+});
+
+test("client - moved by three splits while offline: each range in order, then the new shard", async () => {
+  const store = await storedAt(P, S(3, 1));
+  const { client, applied } = await rig((c) => c.on((f) => f.t === "AUTH" && c.send(
+    rebased(C3, S(0, 4), [range(P, S(3, 1), S(6, 1)), range(C1, S(0, 2), S(4, 2)), range(C2, S(0, 3), S(2, 3))]),
+    authOk(S(0, 4), C3),
+    msgs(1, entry(S(4, 1), "p4")),
+    msgs(1, entry(S(6, 1), "p6")),
+    msgs(2, entry(S(1, 2), "c1-1"), entry(S(4, 2), "c1-4")),
+    msgs(3, entry(S(1, 3), "c2-1")),
+    msgs(3, entry(S(2, 3), "c2-2")),
+    msgs(4, entry(S(1, 4), "c3-1"), entry(S(2, 4), "c3-2")),
+    { t: "SYNCED", seq: S(2, 4) },
+  )), { store });
+  await waitFor("live", () => client.state.type === "live");
+  assert.deepEqual(ids(applied), ["p4", "p6", "c1-1", "c1-4", "c2-1", "c2-2", "c3-1", "c3-2"]);
+  assert.equal(client.stats.mailboxSeqRegressionCount, 0);
+  assert.deepEqual(await store.load(), { ...C3, seq: S(2, 4) });
+  assertOneNumbering(store);
+});
+
+test("client - two mid-session splits while live, each one hop: every entry once, in order", async () => {
+  const store = new RecordingStore();
+  const applied: Entry[] = [];
+  const { g, client } = await rig((c) => c.on((f) => f.t === "AUTH" && c.send(authOk(0n, P), msgs(1, entry(S(1, 1), "p1"), entry(S(2, 1), "p2")), { t: "SYNCED", seq: S(2, 1) })), {
+    store,
+    // a slow handler: the rebases arrive while entries before them are still being applied
+    onEntry: async (e) => {
+      await new Promise((r) => setTimeout(r, 10));
+      applied.push(e);
+    },
+  });
+  await waitFor("live", () => client.state.type === "live");
+  g.conns[0]!.send(
+    rebased(C1, S(0, 2), [range(P, S(2, 1), S(4, 1))]),
+    msgs(1, entry(S(3, 1), "p3"), entry(S(4, 1), "p4")),
+    msgs(2, entry(S(1, 2), "c1-1")),
+    rebased(C2, S(0, 3), [range(C1, S(1, 2), S(3, 2))]),
+    msgs(2, entry(S(2, 2), "c1-2"), entry(S(3, 2), "c1-3")),
+    msgs(3, entry(S(1, 3), "c2-1")),
+  );
+  await waitFor("c2-1 applied", () => applied.some((e) => e.id === "c2-1"));
+  assert.deepEqual(ids(applied), ["p1", "p2", "p3", "p4", "c1-1", "c1-2", "c1-3", "c2-1"]);
+  assert.equal(client.stats.mailboxSeqRegressionCount, 0);
+  assert.equal(client.stats.rebases, 2);
+  await waitFor("C2's cursor saved", async () => (await store.load())?.seq === S(1, 3));
+  assert.deepEqual(await store.load(), { ...C2, seq: S(1, 3) });
+  assertOneNumbering(store);
+});
+
+test("client - a second mid-session split before the first's new shard began: C1 keeps the first rebase's token", async () => {
+  const store = new RecordingStore();
+  const { g, client, applied } = await rig((c) => c.on((f) => f.t === "AUTH" && c.send(authOk(0n, P), msgs(1, entry(S(1, 1), "p1")), { t: "SYNCED", seq: S(1, 1) })), { store });
+  await waitFor("live", () => client.state.type === "live");
+  g.conns[0]!.send(
+    rebased(C1, S(0, 2), [range(P, S(1, 1), S(2, 1))]),
+    msgs(1, entry(S(2, 1), "p2")),
+    // C1 split before any of its entries was sent; this gateway names no token for C1's range:
+    // the first rebase's new_cursor is C1's
+    rebased(C2, S(0, 3), [range(C1, S(0, 2), S(2, 2), false)]),
+    msgs(2, entry(S(1, 2), "c1-1"), entry(S(2, 2), "c1-2")),
+    msgs(3, entry(S(1, 3), "c2-1")),
+  );
+  await waitFor("c2-1 applied", () => applied.some((e) => e.id === "c2-1"));
+  assert.deepEqual(ids(applied), ["p1", "p2", "c1-1", "c1-2", "c2-1"]);
+  assert.equal(client.stats.mailboxSeqRegressionCount, 0);
+  await waitFor("C2's cursor saved", async () => (await store.load())?.seq === S(1, 3));
+  assert.deepEqual(await store.load(), { ...C2, seq: S(1, 3) });
+  assertOneNumbering(store);
+});
+
+test("client - a range with no entries is passed over when a later shard's entries begin", async () => {
+  const store = await storedAt(P, S(10, 1));
+  const { client, applied } = await rig((c) => c.on((f) => f.t === "AUTH" && c.send(
+    rebased(C2, S(0, 3), [range(P, S(10, 1), S(12, 1)), range(C1, S(0, 2), S(0, 2))]),
+    authOk(S(0, 3), C2),
+    msgs(1, entry(S(12, 1), "p12")),
+    msgs(3, entry(S(1, 3), "c2-1")),
+    { t: "SYNCED", seq: S(1, 3) },
+  )), { store });
+  await waitFor("live", () => client.state.type === "live");
+  assert.deepEqual(ids(applied), ["p12", "c2-1"]);
+  assert.equal(client.stats.mailboxSeqRegressionCount, 0);
+  assert.deepEqual(await store.load(), { ...C2, seq: S(1, 3) });
+  assertOneNumbering(store);
+});
+
+test("client - the new shard with no entries: SYNCED moves the cursor onto it after the last range", async () => {
+  const store = await storedAt(P, S(10, 1));
+  const { client, applied } = await rig((c) => c.on((f) => f.t === "AUTH" && c.send(
+    rebased(C2, S(0, 3), [range(P, S(10, 1), S(10, 1)), range(C1, S(0, 2), S(2, 2))]),
+    authOk(S(0, 3), C2),
+    msgs(2, entry(S(1, 2), "c1-1"), entry(S(2, 2), "c1-2")),
+    { t: "SYNCED", seq: S(0, 3) },
+  )), { store });
+  await waitFor("live", () => client.state.type === "live");
+  assert.deepEqual(ids(applied), ["c1-1", "c1-2"]);
+  assert.equal(client.stats.mailboxSeqRegressionCount, 0);
+  await waitFor("C2's cursor saved", async () => (await store.load())?.shard === 3);
+  assert.deepEqual(await store.load(), { ...C2, seq: S(0, 3) });
+  assertOneNumbering(store);
+});
+
+test("client - cut off inside the middle range: the next AUTH carries C1's token with a C1 seq", async () => {
+  const store = await storedAt(P, S(10, 1));
+  const { g, client, applied } = await rig((c, n) => c.on((f) => {
+    if (f.t !== "AUTH") return;
+    if (n === 0) {
+      c.send(
+        rebased(C2, S(0, 3), [range(P, S(10, 1), S(15, 1)), range(C1, S(0, 2), S(4, 2))]),
+        authOk(S(0, 3), C2),
+        msgs(1, entry(S(15, 1), "p15")),
+        msgs(2, entry(S(2, 2), "c1-2")),
+      );
+      setTimeout(() => c.ws.terminate(), 50);
+    } else {
+      // the gateway answers the C1 cursor: the rest of C1's range, then C2
+      c.send(
+        rebased(C2, S(0, 3), [range(C1, f.cursor!.seq, S(4, 2))]),
+        authOk(S(0, 3), C2),
+        msgs(2, entry(S(4, 2), "c1-4")),
+        msgs(3, entry(S(1, 3), "c2-1")),
+        { t: "SYNCED", seq: S(1, 3) },
+      );
+    }
+  }), { store });
+  await waitFor("a second AUTH", () => g.conns[1]?.got.some((f) => f.t === "AUTH") === true);
+  const second = g.conns[1]!.got.find((f) => f.t === "AUTH")!;
+  assert.ok(second.t === "AUTH" && second.cursor !== undefined);
+  assert.deepEqual(second.cursor, { ...C1, seq: S(2, 2) }, "C1's token, C1's numbering");
+  await waitFor("live", () => client.state.type === "live");
+  assert.deepEqual(ids(applied), ["p15", "c1-2", "c1-4", "c2-1"]);
+  assert.equal(client.stats.mailboxSeqRegressionCount, 0);
+  assert.deepEqual(await store.load(), { ...C2, seq: S(1, 3) });
+  assertOneNumbering(store);
+});
+
+test("client - an older gateway's CURSOR_REBASED (old_range only, no range token): old range, then the new shard", async () => {
+  const store = await storedAt(P, S(10, 1));
+  const { client, applied } = await rig((c) => c.on((f) => f.t === "AUTH" && c.send(
+    { t: "ERROR", code: "CURSOR_REBASED", msg: "", fatal: false, new_cursor: C1, replay_from_seq: S(0, 2), old_range: { shard: 1, after: S(10, 1), until: S(14, 1) } },
+    authOk(S(0, 2), C1),
+    msgs(1, entry(S(11, 1), "p11")),
+    msgs(1, entry(S(14, 1), "p14")),
+    msgs(2, entry(S(1, 2), "c1-1")),
+    { t: "SYNCED", seq: S(1, 2) },
+  )), { store });
+  await waitFor("live", () => client.state.type === "live");
+  assert.deepEqual(ids(applied), ["p11", "p14", "c1-1"]);
+  assert.equal(client.stats.mailboxSeqRegressionCount, 0);
+  assert.ok(store.saved.some((x) => x.shard === 1 && x.seq === S(14, 1)), "P's range stored with P's token");
+  assert.deepEqual(await store.load(), { ...C1, seq: S(1, 2) });
+  assertOneNumbering(store);
+});
+
+test("client - closes with the device's own close codes (DeviceClose)", async () => {
+  const closes: { code: number; reason: string }[] = [];
+  const { client } = await rig((c, n) => {
+    c.ws.on("close", (code, reason) => void closes.push({ code, reason: reason.toString() }));
+    c.on((f) => {
+      if (f.t !== "AUTH") return;
+      if (n === 1) c.ws.send(new Uint8Array([0xc1])); // not msgpack
+      else c.send(authOk(0n), { t: "SYNCED", seq: 0n });
+    });
+  });
+  await waitFor("live", () => client.state.type === "live");
+  client.disconnect();
+  await waitFor("a bad frame answered", () => closes.length >= 2);
+  await waitFor("live again", () => client.state.type === "live");
+  await client.close();
+  await waitFor("closed", () => closes.length >= 3);
+  assert.deepEqual(closes, [DeviceClose.RECONNECT, DeviceClose.BAD_SERVER_FRAME, DeviceClose.BYE]);
+});
+
+test("client - a silent gateway: closed with HEARTBEAT_MISSED after 2 x hb + 5 s, then reconnects", { timeout: 15_000 }, async (t) => {
+  t.mock.timers.enable({ apis: ["setInterval", "Date"], now: Date.now() });
+  const closes: { code: number; reason: string }[] = [];
+  const { g } = await rig((c) => {
+    c.ws.on("close", (code, reason) => void closes.push({ code, reason: reason.toString() }));
+    c.on((f) => f.t === "AUTH" && c.send(authOk(0n, tok(), 1000), { t: "SYNCED", seq: 0n }));
+  });
+  await waitFor("AUTH_OK applied", () => g.conns[0]?.got.some((f) => f.t === "AUTH") === true);
+  await sleep(100);
+  for (let i = 0; i < 8 && closes.length === 0; i++) {
+    t.mock.timers.tick(1000);
+    await sleep(20);
+  }
+  await waitFor("closed", () => closes.length >= 1);
+  assert.deepEqual(closes[0], DeviceClose.HEARTBEAT_MISSED);
+  await waitFor("reconnected", () => g.conns.length >= 2);
 });
 
 test("client - a gap whose PULL dies with the connection: the entry after it waits for the next session", async () => {
