@@ -23,6 +23,7 @@ import {
   shardStream,
   userSubjects,
   entrySubject,
+  isNotFound,
   type Entry,
   type MailboxSeq,
   type RedisClient,
@@ -30,19 +31,10 @@ import {
   type RegistryClient,
   type ShardState,
 } from "../protocol/index.js";
-
-export type Source = "cache" | "stream";
-
-export interface Watermarks {
-  /** Highest seq per lane. */
-  lanes: Map<string, MailboxSeq>;
-  /** Highest seq over all lanes (0 when none). */
-  head: MailboxSeq;
-  /** The hot cache holds every entry above this seq; undefined when it cannot say. */
-  cacheCompleteAfter: MailboxSeq | undefined;
-  /** Where the figures came from. */
-  from: "redis" | "stream";
-}
+import type { ShardBounds } from "./auth-decision.js";
+import { ShardNotReadyError } from "./gather.js";
+import type { MailboxSource, ReadOptions, Source, Watermarks } from "./ports.js";
+import { firstOffsetAbove } from "./positions.js";
 
 /** Upward-only write-back of a lane watermark rebuilt from the stream. */
 const RAISE_LUA = `
@@ -66,7 +58,7 @@ function leaderGet(jsm: JetStreamManager, stream: string, query: { last_by_subj:
   return jsm.streams.getMessage(stream, query as MsgRequest);
 }
 
-const TRIM_CACHE_MS = 1000;
+const BOUNDS_CACHE_MS = 1000;
 /** Stream reads (each a short-lived consumer) at once per gateway. */
 const STREAM_READS = 32;
 
@@ -88,9 +80,9 @@ class Semaphore {
   }
 }
 
-export class MailboxReader {
+export class MailboxReader implements MailboxSource {
   private jsm: JetStreamManager | undefined;
-  private readonly trims = new Map<number, { at: number; trim: Promise<MailboxSeq> }>();
+  private readonly boundsCache = new Map<number, { at: number; bounds: Promise<ShardBounds> }>();
   private readonly streamReads = new Semaphore(STREAM_READS);
   private readonly js;
 
@@ -118,24 +110,38 @@ export class MailboxReader {
   }
 
   /**
-   * Trim watermark of a shard: the seq of the newest entry retention removed (0 if none), in
-   * today's numbering. Cached for a second: a reconnect storm must not become a storm of stream
-   * info requests.
+   * A stream call for a shard the registry names: a stream that is not there (yet) is "not ready",
+   * never an internal error (a split records its child before some process sees its stream, or an
+   * operator is moving it).
    */
-  trim(shard: number): Promise<MailboxSeq> {
+  private async onStream<T>(shard: number, call: () => Promise<T>): Promise<T> {
+    try {
+      return await call();
+    } catch (err) {
+      if (isNotFound(err) && this.registry.state.shards.has(shard)) throw new ShardNotReadyError(shard, { cause: err });
+      throw err;
+    }
+  }
+
+  /**
+   * Trim watermark (seq of the newest entry retention removed, 0 if none, in today's numbering)
+   * and last offset of a shard's stream. Cached for a second unless `fresh`: a reconnect storm must
+   * not become a storm of stream info requests.
+   */
+  bounds(shard: number, opts: { fresh?: boolean } = {}): Promise<ShardBounds> {
     const now = Date.now();
-    const hit = this.trims.get(shard);
-    if (hit !== undefined && now - hit.at < TRIM_CACHE_MS) return hit.trim;
-    const trim = (async () => {
-      const info = await (await this.manager()).streams.info(shardStream(shard));
+    const hit = this.boundsCache.get(shard);
+    if (hit !== undefined && now - hit.at < BOUNDS_CACHE_MS && opts.fresh !== true) return hit.bounds;
+    const bounds = (async () => {
+      const info = await this.onStream(shard, async () => (await this.manager()).streams.info(shardStream(shard)));
       const first = info.state.first_seq;
-      if (first <= 1) return 0n;
       const s = this.shard(shard);
-      return deriveSeq(s, s.log, first - 1) ?? 0n;
+      const trim = first <= 1 ? 0n : (deriveSeq(s, s.log, first - 1) ?? 0n);
+      return { trim, lastOffset: info.state.last_seq };
     })();
-    this.trims.set(shard, { at: now, trim });
-    trim.catch(() => this.trims.delete(shard));
-    return trim;
+    this.boundsCache.set(shard, { at: now, bounds });
+    bounds.catch(() => this.boundsCache.delete(shard));
+    return bounds;
   }
 
   /** The user's head as Redis has it (`_all`), or undefined: a cheap check, never the stream. */
@@ -195,7 +201,7 @@ export class MailboxReader {
     shard: number,
     user: string,
     after: MailboxSeq,
-    opts: { until?: MailboxSeq; wm?: Watermarks; limit?: number; pageSize?: number } = {},
+    opts: ReadOptions & { pageSize?: number } = {},
   ): AsyncGenerator<{ entries: Entry[]; source: Source }> {
     const limit = opts.limit ?? Number.MAX_SAFE_INTEGER;
     const ca = opts.wm?.cacheCompleteAfter;
@@ -220,7 +226,7 @@ export class MailboxReader {
     // next_by_subj scans the stream from the cursor's offset: bounded like stream reads, so a storm
     // of fresh devices queues here rather than timing out in nats-server
     await this.streamReads.acquire();
-    const m = await leaderGet(jsm, shardStream(shard), { seq: Number(seqOffset(after)) + 1, next_by_subj: userSubjects(shard, user) }).finally(() => this.streamReads.release());
+    const m = await this.onStream(shard, () => leaderGet(jsm, shardStream(shard), { seq: firstOffsetAbove(s, after), next_by_subj: userSubjects(shard, user) })).finally(() => this.streamReads.release());
     if (m === null) return true;
     const seq = deriveSeq(s, s.log, m.seq);
     return seq !== undefined && seq > until;
@@ -277,9 +283,9 @@ export class MailboxReader {
     let consumer;
     let untilOffset;
     try {
-      const info = await jsm.streams.info(stream);
+      const info = await this.onStream(shard, () => jsm.streams.info(stream));
       const last = info.state.last_seq;
-      const startOffset = Math.max(Number(seqOffset(after)) + 1, info.state.first_seq);
+      const startOffset = Math.max(firstOffsetAbove(s, after), info.state.first_seq);
       untilOffset = until === undefined ? last : Math.min(last, Number(seqOffset(until)));
       if (startOffset > untilOffset || limit <= 0) return;
       created = await jsm.consumers.add(stream, {
@@ -346,10 +352,10 @@ export class MailboxReader {
     const stream = shardStream(shard);
     const out: Entry[] = [];
     const lastInLane = new Map<string, MailboxSeq>();
-    let offset = Number(seqOffset(after)) + 1;
+    let offset = firstOffsetAbove(s, after);
     const end = Number(seqOffset(before));
     while (offset < end) {
-      const m = await leaderGet(jsm, stream, { seq: offset, next_by_subj: userSubjects(shard, user) });
+      const m = await this.onStream(shard, () => leaderGet(jsm, stream, { seq: offset, next_by_subj: userSubjects(shard, user) }));
       if (m === null || m.seq >= end) break;
       const subj = parseEntrySubject(m.subject);
       const seq = deriveSeq(s, s.log, m.seq);

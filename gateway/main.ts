@@ -9,6 +9,8 @@ import { jetstream } from "@nats-io/jetstream";
 import {
   CloseCode,
   Dispatcher,
+  ingressMsgId,
+  ingressSubject,
   RedisKeys,
   RegistryClient,
   connectNats,
@@ -21,12 +23,13 @@ import {
   runAsMain,
 } from "../protocol/index.js";
 import { AckStore } from "./acks.js";
-import type { GatewayContext } from "./context.js";
 import { tokenVerifier } from "./jwt.js";
 import { MailboxReader } from "./mailbox-reader.js";
+import type { SessionPorts } from "./ports.js";
 import { GatewayMetrics } from "./metrics.js";
 import { Presence } from "./presence.js";
 import { startServer } from "./server.js";
+import type { Session } from "./session.js";
 import { SessionRegistry } from "./sessions.js";
 import { loadUws } from "./uws.js";
 
@@ -47,22 +50,28 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   const metrics = new GatewayMetrics();
   metrics.registryRecord.set(registry.state.seq);
   registry.onChange((st) => metrics.registryRecord.set(st.seq));
-  const sessions = new SessionRegistry(nc, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log);
+  const sessions = new SessionRegistry<Session>(nc, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log);
   sessions.startTailChecks(config.JETGATE_TAIL_CHECK_S);
   const presence = new Presence(redis, keys, nc, gatewayId, (k) => sessions.kick(k.user, k.device, k.session));
   presence.start();
-  const ctx: GatewayContext = {
+  const js = jetstream(nc);
+  const ctx: SessionPorts = {
     config,
     log,
     metrics,
     tokens: await tokenVerifier({ secret: config.JETGATE_JWT_SECRET, previousSecret: config.JETGATE_JWT_PREVIOUS_SECRET, publicKeysFile: config.JETGATE_JWT_PUBLIC_KEYS_FILE }),
     cursors: cursorSigner(config.JETGATE_CURSOR_KEYS),
     registry,
-    reader: new MailboxReader(nc, redis, keys, registry, config.JETGATE_LANES, Math.max(config.JETGATE_STREAM_MAX_AGE_S, config.JETGATE_HOT_CACHE_TTL_S)),
-    sessions,
+    mailbox: new MailboxReader(nc, redis, keys, registry, config.JETGATE_LANES, Math.max(config.JETGATE_STREAM_MAX_AGE_S, config.JETGATE_HOT_CACHE_TTL_S)),
+    hub: sessions,
     presence,
     acks: new AckStore(redis, keys, config.JETGATE_STREAM_MAX_AGE_S),
-    js: jetstream(nc),
+    ingress: {
+      publish: async (user, device, cmid, body) => {
+        const ack = await js.publish(ingressSubject(user, device), body, { msgID: ingressMsgId(user, device, cmid) });
+        return { duplicate: ack.duplicate };
+      },
+    },
   };
   const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: config.JETGATE_LANES, maxBodyBytes: config.JETGATE_MAX_BODY_BYTES });
   let draining = false;

@@ -13,8 +13,8 @@ import { SignJWT } from "jose";
 import type * as Uws from "uWebSockets.js";
 import { z } from "zod";
 import { DispatchValidationError, type Config, type Dispatcher } from "../protocol/index.js";
-import type { GatewayContext } from "./context.js";
-import { Session, type Transport } from "./session.js";
+import type { SessionPorts, Transport } from "./ports.js";
+import { Session } from "./session.js";
 
 interface SocketData {
   session?: Session;
@@ -53,7 +53,7 @@ const DispatchBodySchema = z
 export function startServer(
   uws: typeof Uws,
   config: Config,
-  ctx: GatewayContext,
+  ctx: SessionPorts,
   dispatcher: Dispatcher,
   readiness: Readiness,
 ): Promise<GatewayServer> {
@@ -103,7 +103,7 @@ export function startServer(
       };
       const session = new Session(randomBytes(9).toString("base64url"), transport, ctx);
       data.session = session;
-      ctx.sessions.open(session);
+      ctx.hub.open(session);
     },
     message: (ws, message, isBinary) => {
       const copy = new Uint8Array(message.slice(0));
@@ -200,7 +200,7 @@ function reply(res: Uws.HttpResponse, aborted: () => boolean, status: string, bo
   res.cork(() => res.writeStatus(status).writeHeader("content-type", "application/json").end(JSON.stringify(body) + "\n"));
 }
 
-function handleDispatch(res: Uws.HttpResponse, auth: string, config: Config, ctx: GatewayContext, dispatcher: Dispatcher): void {
+function handleDispatch(res: Uws.HttpResponse, auth: string, config: Config, ctx: SessionPorts, dispatcher: Dispatcher): void {
   let aborted = false;
   res.onAborted(() => (aborted = true));
   const done = (status: string, body: unknown) => {
@@ -254,7 +254,12 @@ async function dispatchBody(raw: Buffer, dispatcher: Dispatcher): Promise<{ stat
   try {
     const results = await dispatcher.dispatch({ dispatch_id: b.dispatch_id, message_id: b.message_id, lane: b.lane, recipients: b.recipients, body });
     const failed = results.some((r) => "error" in r);
-    return { status: failed ? "502 Bad Gateway" : "200 OK", body: { results } };
+    // `seq` is the mailbox_seq the device sees, as a decimal string (it passes 2^53 at epoch 32);
+    // `offset` is the stream offset.
+    const out = results.map((r) =>
+      "error" in r ? r : { user: r.user, shard: r.shard, seq: r.seq.toString(), offset: r.offset, duplicate: r.duplicate },
+    );
+    return { status: failed ? "502 Bad Gateway" : "200 OK", body: { results: out } };
   } catch (err) {
     if (err instanceof DispatchValidationError) return { status: "400 Bad Request", body: { error: err.message, field: err.field } };
     throw err;

@@ -7,21 +7,22 @@
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import { CloseCode, decodePush, pushSubject, type RegistryClient, type RegistryState } from "../protocol/index.js";
 import type { GatewayMetrics } from "./metrics.js";
-import type { Session } from "./session.js";
+import type { HubMember, SessionHub } from "./ports.js";
+import { TokenBucket } from "./rate-limit.js";
 
 interface UserEntry {
-  sessions: Set<Session>;
+  sessions: Set<HubMember>;
   sub: Subscription;
-  bucket: number;
-  bucketAt: number;
+  bucket: TokenBucket;
 }
 
-export class SessionRegistry {
+export class SessionRegistry<S extends HubMember = HubMember> implements SessionHub {
   private readonly users = new Map<string, UserEntry>();
-  private readonly byDevice = new Map<string, Session>();
-  private readonly byShard = new Map<number, Set<Session>>();
+  private readonly byDevice = new Map<string, HubMember>();
+  private readonly byShard = new Map<number, Set<HubMember>>();
   private readonly shardEpochs = new Map<number, string>();
-  readonly all = new Set<Session>();
+  /** Every open connection, authenticated or not. */
+  readonly all = new Set<S>();
 
   constructor(
     private readonly nc: NatsConnection,
@@ -35,8 +36,8 @@ export class SessionRegistry {
   }
 
   /** Connected (opened, maybe not yet authenticated). */
-  open(s: Session): void {
-    this.all.add(s);
+  open(s: HubMember): void {
+    this.all.add(s as S);
     this.metrics.connections.set(this.all.size);
   }
 
@@ -45,7 +46,7 @@ export class SessionRegistry {
   }
 
   /** An authenticated session: replaces an older one of the same device here, joins the fan-out. */
-  add(s: Session): void {
+  add(s: HubMember): void {
     const key = `${s.user}/${s.device}`;
     const older = this.byDevice.get(key);
     if (older !== undefined && older !== s) {
@@ -59,22 +60,22 @@ export class SessionRegistry {
     let u = this.users.get(s.user);
     if (u === undefined) {
       const sub = this.nc.subscribe(pushSubject(s.user), { callback: (err, m) => (err ? undefined : this.onPush(s.user, m.data)) });
-      u = { sessions: new Set(), sub, bucket: this.userRate, bucketAt: Date.now() };
+      u = { sessions: new Set(), sub, bucket: new TokenBucket(this.userRate, this.userRate, Date.now()) };
       this.users.set(s.user, u);
     }
     u.sessions.add(s);
   }
 
   /** Tracks the session under its (possibly new) shard for registry changes. */
-  watch(s: Session): void {
+  watch(s: HubMember): void {
     for (const set of this.byShard.values()) set.delete(s);
     let set = this.byShard.get(s.shard);
     if (set === undefined) this.byShard.set(s.shard, (set = new Set()));
     set.add(s);
   }
 
-  remove(s: Session): void {
-    this.all.delete(s);
+  remove(s: HubMember): void {
+    this.all.delete(s as S);
     this.metrics.connections.set(this.all.size);
     const key = `${s.user}/${s.device}`;
     if (this.byDevice.get(key) === s) this.byDevice.delete(key);
@@ -96,13 +97,7 @@ export class SessionRegistry {
 
   /** Per-user token bucket over all of the user's sessions here. */
   takeUserToken(user: string, now: number): boolean {
-    const u = this.users.get(user);
-    if (u === undefined) return true;
-    u.bucket = Math.min(this.userRate, u.bucket + ((now - u.bucketAt) / 1000) * this.userRate);
-    u.bucketAt = now;
-    if (u.bucket < 1) return false;
-    u.bucket -= 1;
-    return true;
+    return this.users.get(user)?.bucket.take(now) ?? true;
   }
 
   private onPush(user: string, data: Uint8Array): void {

@@ -10,6 +10,9 @@
  * failed for good). Different users are pipelined, up to `maxInFlight` publishes at once. A retry
  * reuses the Nats-Msg-Id, so JetStream drops the copy inside its duplicate window and the worker's
  * dedup catches one outside it.
+ *
+ * A result's `seq` is the mailbox_seq of the entry (epoch << 48 | offset), derived from the registry
+ * state as this Dispatcher sees it when the ack arrives; `offset` is the stream sequence.
  */
 import { z } from "zod";
 import { createInbox, headers, type Msg, type MsgHdrs, type NatsConnection, type Subscription } from "@nats-io/transport-node";
@@ -19,6 +22,7 @@ import { idSchema } from "./ids.js";
 import { encodeStoredEntry } from "./entry.js";
 import { entryMsgId, entrySubject } from "./subjects.js";
 import type { ShardMap } from "./registry-model.js";
+import type { MailboxSeq } from "./seq.js";
 
 export const MAX_RECIPIENTS = 10_000;
 
@@ -44,8 +48,14 @@ export class DispatchValidationError extends JetgateError {
   }
 }
 
+/**
+ * One recipient's outcome. `seq` is the mailbox_seq the device sees (a bigint: it passes 2^53 at
+ * epoch 32), derived from the registry at the ack: an epoch change or a split forward between the
+ * append and the worker's processing can number the entry differently (devices dedup by
+ * message_id). `offset` is the entry's sequence in the shard's stream (the current log).
+ */
 export type DispatchResult =
-  | { user: string; shard: number; seq: number; duplicate: boolean }
+  | { user: string; shard: number; seq: MailboxSeq; offset: number; duplicate: boolean }
   | { user: string; shard: number; error: { code: "DISPATCH_TIMEOUT" | "DISPATCH_REJECTED"; message: string } };
 
 export interface DispatcherOptions {
@@ -69,6 +79,12 @@ export interface DispatchStats {
   /** Entries whose result was an error. */
   failed: number;
 }
+
+/**
+ * What a Dispatcher needs of the registry: which shard owns a user, and how that shard numbers an
+ * offset of its current log. `RegistryClient.shards` (a ShardMap) is one; pass `() => registry.shards`.
+ */
+export type DispatchRegistryView = Pick<ShardMap, "shardOf" | "seqOf">;
 
 /** One entry for one recipient, from first publish to its result. */
 interface Job {
@@ -122,7 +138,7 @@ export class Dispatcher {
 
   constructor(
     private readonly nc: NatsConnection,
-    private readonly shards: () => ShardMap,
+    private readonly shards: () => DispatchRegistryView,
     opts: DispatcherOptions,
   ) {
     this.lanes = new Set(opts.lanes);
@@ -279,7 +295,20 @@ export class Dispatcher {
       this.failedAttempt(job, new AckError("ack without seq", true));
       return;
     }
-    this.finish(job, { user: job.user, shard: job.shard, seq: body.seq, duplicate: body.duplicate === true });
+    const offset = body.seq;
+    let seq: MailboxSeq | undefined;
+    try {
+      // Every log's first boundary starts at offset 1 and shards are never removed: always defined.
+      seq = this.shards().seqOf(job.shard, offset);
+    } catch {
+      seq = undefined; // an offset past the 48-bit field (ADR-0004 alerts long before)
+    }
+    if (seq === undefined) {
+      const message = `appended at offset ${offset}, but the registry numbers no such offset of shard ${job.shard}`;
+      this.finish(job, { user: job.user, shard: job.shard, error: { code: "DISPATCH_REJECTED", message } });
+      return;
+    }
+    this.finish(job, { user: job.user, shard: job.shard, seq, offset, duplicate: body.duplicate === true });
   }
 
   /** Stops listening for acks; publishes still pending fail by timeout. */

@@ -72,6 +72,13 @@ export const ShardStateSchema = z.object({
   boundaries: z.array(EpochBoundarySchema).min(1),
   /** Splits this shard took part in, as parent or child. */
   splits: z.array(SplitBoundarySchema),
+  /**
+   * Who works under the current epoch (see `isClaimed`): null when an operation (init, an
+   * operator's takeover, split, rebuild, failover) wrote it and no worker has claimed it yet; the
+   * worker id when a worker claimed it or bumped to it. Absent in records of older versions:
+   * treated as claimed, so a rolling upgrade never lets two workers share an epoch.
+   */
+  owner: z.string().max(128).nullable().optional(),
 });
 export type ShardState = z.output<typeof ShardStateSchema>;
 
@@ -131,8 +138,11 @@ export interface RegistryState {
 export const EMPTY_REGISTRY: RegistryState = { seq: 0, shards: new Map() };
 
 /**
- * Applies one record. A record may only raise a shard's epoch (or keep it for a pure range change);
- * one that would lower it is refused, so a forged or replayed record cannot move epochs back.
+ * Applies one record. A record may only raise a shard's epoch (or keep it for a pure range change
+ * or a worker's claim); one that would lower it is refused, so a forged or replayed record cannot
+ * move epochs back. At the same epoch the owner may only go from unclaimed to a worker: a record
+ * that hands a claimed epoch to someone else (or back to unclaimed) is refused, so no two workers
+ * ever work under one epoch.
  */
 export function applyRecord(state: RegistryState, seq: number, record: RegistryRecord): RegistryState {
   const shards = new Map(state.shards);
@@ -141,9 +151,31 @@ export function applyRecord(state: RegistryState, seq: number, record: RegistryR
     if (prev !== undefined && s.epoch < prev.epoch) {
       throw new RegistryError(`record ${seq} lowers shard ${s.shard} epoch from ${prev.epoch} to ${s.epoch}`);
     }
+    if (prev !== undefined && s.epoch === prev.epoch && isClaimed(prev) && s.owner !== prev.owner) {
+      throw new RegistryError(`record ${seq} reassigns epoch ${s.epoch} of shard ${s.shard}, claimed by ${prev.owner ?? "a worker of an older version"}`);
+    }
     shards.set(s.shard, s);
   }
   return { seq, shards };
+}
+
+/**
+ * True when a worker works (or worked) under the shard's current epoch: it claimed it, or bumped
+ * to it, or the record predates claims (no `owner` field). Only an unclaimed epoch (owner null,
+ * written by an operation) may be claimed; a worker taking a claimed one bumps.
+ */
+export function isClaimed(shard: ShardState): boolean {
+  return shard.owner !== null;
+}
+
+/**
+ * The shard with its current epoch claimed by `worker`: the same epoch and boundaries, the owner
+ * set. Written with optimistic concurrency, so of two workers racing for one epoch only one claims
+ * it. Pure.
+ */
+export function claimEpoch(shard: ShardState, worker: string): ShardState {
+  if (isClaimed(shard)) throw new RegistryError(`shard ${shard.shard}: epoch ${shard.epoch} is claimed already (${shard.owner ?? "by an older version"})`);
+  return { ...shard, owner: worker };
 }
 
 /** The range of shard `i` of `n` when the hash space is cut evenly. */
@@ -151,7 +183,7 @@ export function evenRange(i: number, n: number): HashRange {
   return { lo: Math.floor((i * HASH_SPACE) / n), hi: Math.floor(((i + 1) * HASH_SPACE) / n) - 1 };
 }
 
-/** Shards 0..n-1 at epoch 0, each on its own log. */
+/** Shards 0..n-1 at epoch 0, each on its own log; epoch 0 is unclaimed (the first worker claims it). */
 export function initialShards(n: number, logs: readonly string[]): ShardState[] {
   if (logs.length !== n) throw new RegistryError(`need ${n} log ids, got ${logs.length}`);
   return logs.map((log, i) => ({
@@ -162,6 +194,7 @@ export function initialShards(n: number, logs: readonly string[]): ShardState[] 
     log,
     boundaries: [{ epoch: 0, cause: "init" as const, log, start_offset: 1, start_seq: composeSeq(0, 1), prev_end_seq: 0n }],
     splits: [],
+    owner: null,
   }));
 }
 
@@ -190,6 +223,12 @@ export interface EpochBump {
    * margin, so the new epoch is above any epoch the lost primary wrote after the copy's last record.
    */
   epochs?: number;
+  /**
+   * Who works under the new epoch: null for an operation's bump (the first worker that takes the
+   * shard claims it instead of bumping again), the worker id for a worker's own takeover. Left out,
+   * the new epoch counts as claimed (no `owner` field): the safe default, at worst one more bump.
+   */
+  owner?: string | null;
 }
 
 /** The shard with its epoch raised (by one unless told) and the boundary of the new epoch appended. Pure. */
@@ -210,14 +249,15 @@ export function bumpEpoch(shard: ShardState, bump: EpochBump): ShardState {
     start_seq: composeSeq(next, bump.start_offset),
     prev_end_seq: prevEnd ?? current.prev_end_seq,
   };
-  return { ...shard, epoch: next, log, boundaries: [...shard.boundaries, boundary] };
+  const { owner: _previous, ...rest } = shard;
+  return { ...rest, epoch: next, log, boundaries: [...shard.boundaries, boundary], ...(bump.owner !== undefined ? { owner: bump.owner } : {}) };
 }
 
-/** Looks users up by hash among the active shards. */
+/** Looks users up by hash among the active shards; numbers offsets as the registry state it was built from. */
 export class ShardMap {
   private readonly ranges: { lo: number; hi: number; shard: number }[];
 
-  constructor(state: RegistryState) {
+  constructor(private readonly state: RegistryState) {
     this.ranges = [...state.shards.values()]
       .filter((s) => s.status === "active")
       .map((s) => ({ lo: s.range.lo, hi: s.range.hi, shard: s.shard }))
@@ -241,6 +281,15 @@ export class ShardMap {
   shardOf(user: string): number | undefined {
     return this.shardOfHash(userHash(user));
   }
+
+  /**
+   * The mailbox_seq of the entry at `offset` of the shard's current log, as this registry state
+   * numbers it (`deriveSeq`); undefined for a shard it does not know.
+   */
+  seqOf(shard: number, offset: number): MailboxSeq | undefined {
+    const s = this.state.shards.get(shard);
+    return s === undefined ? undefined : deriveSeq(s, s.log, offset);
+  }
 }
 
 /** True when the shard's range covers this user. */
@@ -262,7 +311,8 @@ export interface SplitPlan {
 /**
  * A split (E2) as the new states of parent and child. The parent keeps the rest of its range and
  * bumps its epoch (from cut + 1); the child starts at parent epoch + 1 on its own log, so a moved
- * user's seqs keep increasing; both record the ShardSplitBoundary. Pure.
+ * user's seqs keep increasing; both record the ShardSplitBoundary. Both epochs are unclaimed: the
+ * workers that take parent and child claim them. Pure.
  */
 export function splitShard(parent: ShardState, plan: SplitPlan): [ShardState, ShardState] {
   const r = parent.range;
@@ -271,7 +321,7 @@ export function splitShard(parent: ShardState, plan: SplitPlan): [ShardState, Sh
     throw new RegistryError(`shard ${parent.shard}: moved range ${m.lo}..${m.hi} must be a proper lower or upper part of ${r.lo}..${r.hi}`);
   }
   const kept: HashRange = m.lo === r.lo ? { lo: m.hi + 1, hi: r.hi } : { lo: r.lo, hi: m.lo - 1 };
-  const bumped = bumpEpoch(parent, { cause: "split", start_offset: plan.cutOffset + 1 });
+  const bumped = bumpEpoch(parent, { cause: "split", start_offset: plan.cutOffset + 1, owner: null });
   const childEpoch = bumped.epoch;
   const splitAt = plan.cutOffset > 0 ? (deriveSeq(parent, parent.log, plan.cutOffset) ?? composeSeq(parent.epoch, plan.cutOffset)) : 0n;
   const boundary: SplitBoundary = {
@@ -289,6 +339,7 @@ export function splitShard(parent: ShardState, plan: SplitPlan): [ShardState, Sh
     log: plan.childLog,
     boundaries: [{ epoch: childEpoch, cause: "split", log: plan.childLog, start_offset: 1, start_seq: composeSeq(childEpoch, 1), prev_end_seq: splitAt }],
     splits: [boundary],
+    owner: null,
   };
   return [{ ...bumped, range: kept, splits: [...parent.splits, boundary] }, child];
 }
@@ -318,6 +369,37 @@ export function processingStart(shard: ShardState, ackFloor: number): number {
   const start = Math.max(ackFloor + 1, lower);
   const last = shard.boundaries[shard.boundaries.length - 1]!;
   return last.cause === "split" && last.log === shard.log ? Math.min(start, last.start_offset) : start;
+}
+
+/** How a worker takes a shard over: which epoch it works under and from where it consumes. */
+export interface TakeoverPlan {
+  /**
+   * `claim`: the current epoch was written by an operation and no worker has it yet, so the worker
+   * claims it (a record that changes no epoch). `bump`: a worker has (or had) it, so the worker
+   * bumps the epoch (E1).
+   */
+  mode: "claim" | "bump";
+  /** First offset to consume. */
+  startOffset: number;
+  /** First offset numbered by the epoch the worker works under; offsets below by older boundaries. */
+  boundaryStart: number;
+}
+
+/**
+ * The takeover of a shard whose worker consumers' ack floor is `ackFloor`. Pure.
+ *
+ * Bump (as always): consume from `processingStart`, the new boundary at or above the current one.
+ * Claim: the operation's boundary is the one worked under, and consumption starts at its start, or
+ * below it where `processingStart` says so (a split's cut above the floor). Never above it: what the
+ * fenced owner processed past the boundary before it saw the new epoch went out under the old one,
+ * was dropped by gateways as stale and acked, so it is processed again (devices drop repeats by
+ * message id); a takeover boundary was written from an ack floor, so nothing below it is missed.
+ */
+export function planTakeover(shard: ShardState, ackFloor: number): TakeoverPlan {
+  const current = shard.boundaries[shard.boundaries.length - 1]!;
+  const start = processingStart(shard, ackFloor);
+  if (!isClaimed(shard)) return { mode: "claim", startOffset: Math.min(start, current.start_offset), boundaryStart: current.start_offset };
+  return { mode: "bump", startOffset: start, boundaryStart: Math.max(start, current.start_offset) };
 }
 
 /**

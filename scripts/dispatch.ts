@@ -28,7 +28,7 @@ async function main(): Promise<number> {
       recipients: values.to.split(",").map((s) => s.trim()),
       body: new TextEncoder().encode(values.text),
     });
-    for (const r of results) console.log("error" in r ? `${r.user}: ${r.error.code} ${r.error.message}` : `${r.user}: shard ${r.shard} offset ${r.seq}${r.duplicate ? " (duplicate)" : ""}`);
+    for (const r of results) console.log("error" in r ? `${r.user}: ${r.error.code} ${r.error.message}` : `${r.user}: shard ${r.shard} seq ${r.seq} offset ${r.offset}${r.duplicate ? " (duplicate)" : ""}`);
     return results.some((r) => "error" in r) ? 1 : 0;
   } finally {
     dispatcher.close();

@@ -123,7 +123,9 @@ export async function cli(argv: string[], out: (line: string) => void = console.
       }
       out(`registry at record ${registry.state.seq}: ${shards.length} shards`);
       for (const s of shards) {
-        out(`shard ${s.shard} ${s.status} range ${s.range.lo}..${s.range.hi} epoch ${s.epoch} log ${s.log} (${s.boundaries.length} boundaries, ${s.splits.length} splits)`);
+        // who works under the current epoch: unclaimed (written by an operation), or the worker
+        const owner = s.owner === null ? "unclaimed" : s.owner === undefined ? "claimed" : `claimed by ${s.owner}`;
+        out(`shard ${s.shard} ${s.status} range ${s.range.lo}..${s.range.hi} epoch ${s.epoch} log ${s.log} (${s.boundaries.length} boundaries, ${s.splits.length} splits; epoch ${owner})`);
         for (const b of s.boundaries) {
           out(`  epoch ${b.epoch} ${b.cause} log ${b.log} start_offset ${b.start_offset} start_seq ${b.start_seq} prev_end_seq ${b.prev_end_seq}`);
         }

@@ -1,7 +1,12 @@
 /**
  * `jetgate registry init`: creates the registry stream, writes the initial shard layout, and creates
  * every shard stream and INGRESS. The registry write comes first and every step is idempotent, so a
- * crash halfway is mended by running it again; a second run changes nothing.
+ * crash halfway is mended by running it again; a second run changes nothing. Workers refuse a
+ * shard until its stream exists, and producers retry until it takes appends.
+ *
+ * Every shard starts at epoch 0, unclaimed (`owner: null`, see initialShards): the first worker to
+ * take a shard claims epoch 0 instead of bumping to 1. A layout written by an older version has no
+ * owner field and counts as claimed: its first worker bumps, as before.
  */
 import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";

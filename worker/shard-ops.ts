@@ -1,10 +1,14 @@
 /**
  * Operator shard operations (ADR-0004 E1-E3): `jetgate shard takeover|split|rebuild <id>`.
  *
- * Each writes the registry first (the epoch bump and its boundary in one record), then does the
- * NATS work, and reports every step through `out`. Each reads where a previous run stopped from the
- * registry and the streams, so running it again after a crash halfway finishes the same operation
- * instead of starting another.
+ * Takeover, rebuild and failover write the registry first (the epoch bump and its boundary in one
+ * record), then do the NATS work; a split creates the child's stream first, so that no process
+ * ever sees a shard whose stream does not exist. Each reports every step through `out`, and reads
+ * where a previous run stopped from the registry and the streams, so running it again after a
+ * crash halfway finishes the same operation instead of starting another.
+ *
+ * Every epoch an operation writes is unclaimed (`owner: null`): the first worker that takes the
+ * shard claims it instead of bumping again, so one ownership change spends one epoch.
  */
 import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager, type JetStreamManager, type StreamInfo } from "@nats-io/jetstream";
@@ -116,7 +120,7 @@ async function copied(jsm: JetStreamManager, name: string, want: number): Promis
 
 /**
  * E1 by hand: bumps the shard's epoch from its consumers' ack floor. The owning worker is fenced
- * (it stops at its next batch) and a worker takes the shard over, as after a crash.
+ * (it stops at its next batch) and a worker takes the shard over by claiming this epoch.
  */
 export async function takeoverShard(ctx: OpsContext, shard: number): Promise<void> {
   await withRegistry(ctx, async (registry, jsm) => {
@@ -126,11 +130,11 @@ export async function takeoverShard(ctx: OpsContext, shard: number): Promise<voi
       const s = state.shards.get(shard)!;
       const current = s.boundaries[s.boundaries.length - 1]!;
       const start = Math.max(processingStart(s, floor), current.start_offset);
-      return { v: 1, op: "takeover", at: Date.now(), by: ctx.by, shards: [bumpEpoch(s, { cause: "takeover", start_offset: start })] };
+      return { v: 1, op: "takeover", at: Date.now(), by: ctx.by, shards: [bumpEpoch(s, { cause: "takeover", start_offset: start, owner: null })] };
     });
     const after = written!.state.shards.get(shard)!;
     const b = after.boundaries[after.boundaries.length - 1]!;
-    ctx.out(`shard ${shard}: epoch ${before.epoch} -> ${after.epoch} (takeover from offset ${b.start_offset}); its worker is fenced and a worker takes it over`);
+    ctx.out(`shard ${shard}: epoch ${before.epoch} -> ${after.epoch} (takeover from offset ${b.start_offset}); its worker is fenced and the next worker to take the shard claims this epoch`);
   });
 }
 
@@ -139,10 +143,18 @@ export async function takeoverShard(ctx: OpsContext, shard: number): Promise<voi
  * stream of its own. The cut is the parent stream's last offset when the record is written:
  * entries up to it stay the parent's (split_at_seq); later ones for moved users are forwarded to
  * the child by the parent's worker with the same Nats-Msg-Id.
+ *
+ * Order: the child's stream `MBX_<child>` first (on the child's new log), then the registry record.
+ * Every gateway and worker follows the registry, so none can see the child before its stream
+ * exists (a gateway reading a moved session's mailbox from a missing stream closed it with 4500).
+ * A run that stopped between the two leaves an empty stream for a shard the registry does not
+ * know: the next run for that child id adopts it (and its log id) and writes the record. A stream
+ * of that name that holds messages is refused: nothing may have been appended to a shard before
+ * the registry had it.
  */
 export async function splitShardOp(ctx: OpsContext, shard: number, opts: { child?: number; lower?: boolean } = {}): Promise<void> {
   await withRegistry(ctx, async (registry, jsm) => {
-    // A split whose child stream was never created: a run that stopped halfway. Finish it.
+    // A split recorded before its child's stream (older versions wrote the record first): finish it.
     const pending = [...registry.state.shards.values()].find(
       (c) => c.status === "active" && c.splits.some((x) => x.parent === shard && x.child === c.shard),
     );
@@ -156,8 +168,10 @@ export async function splitShardOp(ctx: OpsContext, shard: number, opts: { child
     const child = opts.child ?? Math.max(...registry.state.shards.keys()) + 1;
     if (registry.state.shards.has(child)) throw new OperationError(`shard ${child} exists already`);
     const moved = halfRange(parent.range, opts.lower !== true);
+    // 1. the child's stream, before anyone can see the child
+    const childLog = await childStream(ctx, jsm, child);
+    // 2. the registry record; the cut is the parent's last offset now
     const info = await jsm.streams.info(shardStream(shard));
-    const childLog = newLogId();
     const written = await registry.update((state) => {
       if (state.shards.has(child)) throw new OperationError(`shard ${child} exists already`);
       const p = state.shards.get(shard)!;
@@ -173,8 +187,40 @@ export async function splitShardOp(ctx: OpsContext, shard: number, opts: { child
     ctx.out(`shard ${shard}: split recorded; hashes ${moved.lo}..${moved.hi} move to shard ${child}`);
     ctx.out(`  parent epoch ${parent.epoch} -> ${p.epoch}, keeps ${p.range.lo}..${p.range.hi}; split_at_seq ${split.split_at_seq} (offset ${info.state.last_seq})`);
     ctx.out(`  child ${child} starts at epoch ${c.epoch}, seq ${split.child_start_seq}, log ${c.log}`);
-    await createShardStream(ctx, jsm, c);
   });
+}
+
+/**
+ * The log id of the stream the child shard `child` will use: a new stream on a new log, or an
+ * empty one a previous run created before it stopped (its log is adopted). The registry does not
+ * know `child` (the caller checked).
+ */
+async function childStream(ctx: OpsContext, jsm: JetStreamManager, child: number): Promise<string> {
+  const name = shardStream(child);
+  let info = await streamInfo(jsm, name);
+  if (info === undefined) {
+    const log = newLogId();
+    try {
+      info = await jsm.streams.add(shardStreamConfig(child, log, ctx.settings));
+      ctx.out(`stream ${name}: created on log ${log}`);
+      return log;
+    } catch (err) {
+      // another run created it meanwhile: judge that one like any existing stream
+      info = await streamInfo(jsm, name);
+      if (info === undefined) throw err;
+    }
+  }
+  const log = logOfStream(info);
+  if (log === undefined || !(info.config.subjects ?? []).includes(shardSubjects(child))) {
+    throw new OperationError(`stream ${name} exists but is not a shard stream jetgate created for shard ${child}, which the registry does not know: inspect and remove it, or choose another id with --child`);
+  }
+  if (info.state.messages > 0 || info.state.last_seq > 0) {
+    throw new OperationError(
+      `stream ${name} exists and has had entries appended (${info.state.messages} held, last offset ${info.state.last_seq}) but shard ${child} is not in the registry: inspect and remove it, or choose another id with --child`,
+    );
+  }
+  ctx.out(`stream ${name}: exists, empty, on log ${log} (a previous run stopped before its registry write); using it (resuming)`);
+  return log;
 }
 
 async function createShardStream(ctx: OpsContext, jsm: JetStreamManager, s: ShardState): Promise<void> {
@@ -210,7 +256,7 @@ export async function rebuildShard(ctx: OpsContext, shard: number): Promise<void
       const before = s.epoch;
       const written = await registry.update((state) => {
         const cur = state.shards.get(shard)!;
-        return { v: 1, op: "rebuild", at: Date.now(), by: ctx.by, shards: [bumpEpoch(cur, { cause: "rebuild", log: newLogId(), start_offset: 1, prev_end_offset: oldLast })] };
+        return { v: 1, op: "rebuild", at: Date.now(), by: ctx.by, shards: [bumpEpoch(cur, { cause: "rebuild", log: newLogId(), start_offset: 1, prev_end_offset: oldLast, owner: null })] };
       });
       s = written!.state.shards.get(shard)!;
       ctx.out(`shard ${shard}: epoch ${before} -> ${s.epoch} on new log ${s.log}; prev_end_seq ${s.boundaries[s.boundaries.length - 1]!.prev_end_seq}`);
@@ -326,7 +372,7 @@ export async function failover(ctx: OpsContext, epochMargin: number): Promise<vo
     if (toBump.length > 0) {
       const written = await registry.update((state) => ({
         v: 1, op: "failover", at: Date.now(), by: ctx.by,
-        shards: toBump.map((id) => bumpEpoch(state.shards.get(id)!, { cause: "failover", log: newLogId(), start_offset: 1, epochs: epochMargin })),
+        shards: toBump.map((id) => bumpEpoch(state.shards.get(id)!, { cause: "failover", log: newLogId(), start_offset: 1, epochs: epochMargin, owner: null })),
       }));
       for (const id of toBump) {
         const s = written!.state.shards.get(id)!;

@@ -1,10 +1,14 @@
 /**
- * Runs one owned shard: takeover (epoch bump), then ordered consumption in batches.
+ * Runs one owned shard: takeover (claim or epoch bump), then ordered consumption in batches.
  *
- * Takeover: read the ack floor of the shard's worker consumers, append the epoch bump with
- * start_offset = floor + 1, and only after that write is acknowledged create this epoch's consumer
- * `w_<epoch>` at start_offset and delete the older ones. A zombie owner's fetches and acks then fail,
- * and it also stops as soon as its registry view shows the newer epoch (fencing).
+ * Takeover: read the ack floor of the shard's worker consumers. An epoch an operation wrote (init,
+ * `jetgate shard takeover`, split, rebuild, failover) that no worker has claimed yet is claimed: a
+ * record that changes no epoch, consumed from that boundary's start. Otherwise the worker appends
+ * the epoch bump with start_offset = floor + 1 (see planTakeover). Either record is written only if
+ * the shard is still as read (optimistic concurrency: of two racing workers one wins), and only
+ * after it is acknowledged does the worker create this epoch's consumer `w_<epoch>` and delete the
+ * older ones. A zombie owner's fetches and acks then fail, and it also stops as soon as its
+ * registry view shows the newer epoch (fencing).
  *
  * Batch: Redis work for every entry (concurrent, auto-pipelined), then pushes, then one AckAll ack
  * of the last message. A crash between any two steps re-processes the batch under a newer epoch.
@@ -24,6 +28,7 @@ import {
 } from "@nats-io/jetstream";
 import {
   bumpEpoch,
+  claimEpoch,
   CONSUME_OPTIONS,
   composeSeq,
   decodeStoredEntry,
@@ -33,7 +38,7 @@ import {
   entrySubject,
   logOfStream,
   parseEntrySubject,
-  processingStart,
+  planTakeover,
   pushSubject,
   seqEpoch,
   seqKey,
@@ -133,7 +138,7 @@ export class ShardRunner {
       const jsm = await jetstreamManager(this.d.nc);
       const taken = await this.takeover(jsm);
       if (taken === undefined) return;
-      const { epoch, startOffset, boundaryStart } = taken;
+      const { epoch, startOffset, boundaryStart, mode } = taken;
       this.boundaryStart = boundaryStart;
       this.lastOffset = startOffset - 1;
       this.stateValue = { type: "running", epoch };
@@ -142,9 +147,9 @@ export class ShardRunner {
       this.d.metrics.takeovers.inc(this.label);
       this.unsubscribe = this.d.registry.onChange((s) => {
         const cur = s.shards.get(this.shard);
-        if (cur !== undefined && cur.epoch > epoch) this.fence(cur.epoch);
+        if (cur !== undefined && this.superseded(cur, epoch)) this.fence(cur.epoch);
       });
-      this.d.log.info({ shard: this.shard, epoch, startOffset }, "shard taken over");
+      this.d.log.info({ shard: this.shard, epoch, startOffset, mode }, mode === "claim" ? "shard taken over (claimed the epoch)" : "shard taken over");
       this.loop = (async () => {
         try {
           const consumer = await this.js.consumers.get(this.stream, consumerName(epoch));
@@ -166,7 +171,9 @@ export class ShardRunner {
     }
   }
 
-  private async takeover(jsm: JetStreamManager): Promise<{ epoch: number; startOffset: number; boundaryStart: number } | undefined> {
+  private async takeover(
+    jsm: JetStreamManager,
+  ): Promise<{ epoch: number; startOffset: number; boundaryStart: number; mode: "claim" | "bump" } | undefined> {
     const before = this.d.registry.state.shards.get(this.shard);
     if (before === undefined || before.status !== "active") {
       this.stateValue = { type: "stopped", reason: "shard is not active in the registry" };
@@ -180,22 +187,32 @@ export class ShardRunner {
     }
     const consumers = await listWorkerConsumers(jsm, this.stream);
     const floor = Math.max(0, ...consumers.map((c) => c.ack_floor.stream_seq));
-    const current = before.boundaries[before.boundaries.length - 1]!;
-    // Consume from the floor; the new epoch starts at or above the current boundary (a split's cut
-    // may lie above the floor: what is between is processed under the parent's older epoch).
-    const startOffset = processingStart(before, floor);
-    const boundaryStart = Math.max(startOffset, current.start_offset);
+    // Claim an operation's epoch, else bump. Consume from the floor (a claim: from the boundary's
+    // start); a bump's new epoch starts at or above the current boundary (a split's cut may lie
+    // above the floor: what is between is processed under the parent's older epoch).
+    const { mode, startOffset, boundaryStart } = planTakeover(before, floor);
+    let mine: ShardState | undefined;
     const written = await this.d.registry.update((state) => {
       const s = state.shards.get(this.shard);
-      // Someone else bumped since we looked: they own it now.
-      if (s === undefined || s.epoch !== before.epoch) return null;
-      return { v: 1, op: "takeover", at: Date.now(), by: this.d.workerId, shards: [bumpEpoch(s, { cause: "takeover", start_offset: boundaryStart })] };
+      // Someone else bumped or claimed since we looked: they own it now.
+      if (s === undefined || s.epoch !== before.epoch || s.owner !== before.owner) return null;
+      mine =
+        mode === "claim"
+          ? claimEpoch(s, this.d.workerId)
+          : bumpEpoch(s, { cause: "takeover", start_offset: boundaryStart, owner: this.d.workerId });
+      return { v: 1, op: "takeover", at: Date.now(), by: this.d.workerId, shards: [mine] };
     });
-    if (written === null) {
+    if (written === null || mine === undefined) {
       this.stateValue = { type: "stopped", reason: "lost the takeover race" };
       return undefined;
     }
-    const epoch = written.state.shards.get(this.shard)!.epoch;
+    // The epoch of the record this worker wrote (the state may already show a later record).
+    const epoch: number = mine.epoch;
+    const applied = written.state.shards.get(this.shard);
+    if (applied === undefined || applied.epoch < epoch || this.superseded(applied, epoch)) {
+      this.stateValue = { type: "stopped", reason: `takeover of epoch ${epoch} superseded or not applied` };
+      return undefined;
+    }
     // Only now, under the acknowledged epoch: this epoch's consumer, then retire the older ones.
     await jsm.consumers.add(this.stream, {
       durable_name: consumerName(epoch),
@@ -208,7 +225,16 @@ export class ShardRunner {
     for (const c of consumers) {
       if (c.name !== consumerName(epoch)) await jsm.consumers.delete(this.stream, c.name).catch(() => undefined);
     }
-    return { epoch, startOffset, boundaryStart };
+    return { epoch, startOffset, boundaryStart, mode };
+  }
+
+  /**
+   * True when the registry's view of the shard no longer lets this runner work under `epoch`: a
+   * newer epoch, or (never written by a correct writer: applyRecord refuses it) the same epoch
+   * owned by someone else.
+   */
+  private superseded(cur: ShardState, epoch: number): boolean {
+    return cur.epoch > epoch || (cur.epoch === epoch && cur.owner !== this.d.workerId);
   }
 
   /** The seq of an offset of the current log: this epoch's from its boundary on, older ones below. */
@@ -243,7 +269,7 @@ export class ShardRunner {
   private isCurrent(epoch: number): boolean {
     if (this.stateValue.type !== "running" || this.stateValue.epoch !== epoch) return false;
     const s = this.d.registry.state.shards.get(this.shard);
-    if (s !== undefined && s.epoch > epoch) {
+    if (s !== undefined && this.superseded(s, epoch)) {
       this.fence(s.epoch);
       return false;
     }

@@ -62,6 +62,25 @@ export class TestDevice {
     return this.arrivals.get(id);
   }
 
+  /**
+   * A marker for "nothing else happened": sends a PING and waits for its PONG, or for the
+   * connection to close. The gateway answers PING inline, so every frame it sent before reading
+   * the PING (and a close it sent before) is here by the time this returns; true when the PONG
+   * came, false when the connection closed instead.
+   */
+  async roundTrip(timeoutMs = 10_000): Promise<boolean> {
+    const id = this.nextPingId++;
+    this.send({ t: "PING", id });
+    const pong = (f: ServerFrame) => f.t === "PONG" && f.id === id;
+    return waitFor(`the PONG of PING ${id} (or the connection closing)`, () => (this.frames.some(pong) ? true : this.closed !== undefined ? "closed" : undefined), {
+      timeoutMs,
+      intervalMs: 10,
+    }).then((v) => v === true);
+  }
+
+  /** PING ids of roundTrip(), far from the small ids tests send themselves. */
+  private nextPingId = 3_000_000_000;
+
   async waitClosed(timeoutMs = 10_000): Promise<{ code: number; reason: string }> {
     return waitFor("the connection to close", () => this.closed, { timeoutMs, intervalMs: 10 });
   }

@@ -3,7 +3,8 @@ import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
-  RegistryClient, bumpEpoch, encodeStoredEntry, entrySubject, halfRange, logOfStream, newLogId, shardStream, shardSubjects, splitShard,
+  REGISTRY_STREAM, RegistryClient, bumpEpoch, encodeStoredEntry, entrySubject, halfRange, loadConfig, logOfStream, newLogId, shardStream, shardStreamConfig,
+  shardSubjects, splitShard,
 } from "../../protocol/index.js";
 import { initStack, startInfra } from "../harness/stack.js";
 import { runCli } from "../harness/cli.js";
@@ -61,6 +62,7 @@ test("cli - shard takeover bumps the epoch from the ack floor", async () => {
   assert.match(r.text, new RegExp(`shard 1: epoch ${before} -> ${before + 1}`));
   await registry.sync();
   assert.equal(registry.state.shards.get(1)!.boundaries.at(-1)!.cause, "takeover");
+  assert.equal(registry.state.shards.get(1)!.owner, null, "unclaimed: the next worker to take the shard claims this epoch");
 });
 
 test("cli - shard split: a run that stopped after the registry write is finished by the next run", async () => {
@@ -78,6 +80,75 @@ test("cli - shard split: a run that stopped after the registry write is finished
   assert.equal(again.code, 0, again.text);
   assert.match(again.text, /split recorded; hashes \d+\.\.\d+ move to shard 6/);
   assert.ok((await jsm.streams.info(shardStream(6))).config.subjects?.includes(shardSubjects(6)));
+});
+
+/** An RFC 3339 timestamp with nanoseconds (what NATS reports) as nanoseconds since the epoch. */
+function nanosOf(iso: string): bigint {
+  const m = /^(.*T\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$/.exec(iso);
+  assert.ok(m, `a timestamp: ${iso}`);
+  return BigInt(Date.parse(`${m[1]}${m[3]}`)) * 1_000_000n + BigInt((m[2] ?? "").padEnd(9, "0"));
+}
+
+test("cli - shard split: the child's stream exists before any process can see the child in the registry", async () => {
+  await append(0, 4, "o");
+  await registry.sync();
+  const child = Math.max(...registry.state.shards.keys()) + 1;
+  // a process following the registry, as every gateway and worker does
+  const follower = await RegistryClient.open(nc);
+  let recordSeq = 0;
+  let existsAtApply: Promise<boolean> | undefined;
+  follower.onChange((st) => {
+    if (existsAtApply !== undefined || !st.shards.has(child)) return;
+    recordSeq = st.seq;
+    existsAtApply = jsm.streams.info(shardStream(child)).then(() => true, () => false);
+  });
+  try {
+    const r = await runCli(infra.env, ["shard", "split", "0"]);
+    assert.equal(r.code, 0, r.text);
+    assert.match(r.text, new RegExp(`move to shard ${child}`));
+    await follower.sync();
+    assert.ok(existsAtApply !== undefined, "the follower applied the split record");
+    assert.equal(await existsAtApply, true, "the child's stream existed when the record was applied");
+    // and on the server's clock: the stream was created before the record was stored
+    const info = await jsm.streams.info(shardStream(child));
+    const record = await jsm.streams.getMessage(REGISTRY_STREAM, { seq: recordSeq });
+    assert.ok(record !== null);
+    assert.ok(nanosOf(info.created) < nanosOf(record.timestamp), `stream created ${info.created}, record stored ${record.timestamp}`);
+    assert.equal(logOfStream(info), follower.state.shards.get(child)!.log, "the stream is the child's log");
+    assert.deepEqual([follower.state.shards.get(0)!.owner, follower.state.shards.get(child)!.owner], [null, null], "both epochs unclaimed");
+    assert.ok(r.text.indexOf(`stream ${shardStream(child)}: created`) < r.text.indexOf("split recorded"), r.text);
+  } finally {
+    await follower.close();
+  }
+});
+
+test("cli - shard split: a run that stopped after creating the child's stream is finished by the next run; a used stream is refused", async () => {
+  const settings = loadConfig(infra.env);
+  await registry.sync();
+  const child = Math.max(...registry.state.shards.keys()) + 1;
+  // what a run that crashed between its two steps leaves: the child's empty stream, no record
+  const log = newLogId();
+  const left = await jsm.streams.add(shardStreamConfig(child, log, settings));
+  const r = await runCli(infra.env, ["shard", "split", "0"]);
+  assert.equal(r.code, 0, r.text);
+  assert.match(r.text, /resuming/);
+  assert.match(r.text, new RegExp(`move to shard ${child}`));
+  await registry.sync();
+  assert.equal(registry.state.shards.get(child)!.log, log, "the registry adopted the stream's log");
+  const info = await jsm.streams.info(shardStream(child));
+  assert.equal(info.created, left.created, "the same stream, not a new one");
+  assert.equal(logOfStream(info), log);
+
+  // a stream of the next child's name that has entries in it: refused, nothing written
+  const next = child + 1;
+  await jsm.streams.add(shardStreamConfig(next, newLogId(), settings));
+  await js.publish(entrySubject(next, "u0", "default"), encodeStoredEntry({ id: "x", d: "x", ts: 0, b: new Uint8Array(1) }));
+  const head = registry.state.seq;
+  const refused = await runCli(infra.env, ["shard", "split", "0"]);
+  assert.equal(refused.code, 2, refused.text);
+  assert.match(refused.text, new RegExp(`stream ${shardStream(next)} exists and has had entries appended .* shard ${next} is not in the registry`));
+  assert.equal((await registry.sync()).seq, head, "no registry record");
+  await jsm.streams.delete(shardStream(next));
 });
 
 test("cli - shard rebuild: a new log holding the old entries in order; a crashed run is resumed", async () => {

@@ -2,9 +2,12 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { Dispatcher, DispatchValidationError, RegistryClient, decodeStoredEntry, parseEntrySubject, MAX_RECIPIENTS } from "../../protocol/index.js";
-import { startInfra, initStack } from "../harness/stack.js";
-import { sleep } from "../harness/wait.js";
+import {
+  Dispatcher, DispatchValidationError, RegistryClient, decodeStoredEntry, parseEntrySubject, MAX_RECIPIENTS, composeSeq, seqEpoch, seqOffset, shardStream,
+} from "../../protocol/index.js";
+import { startInfra, initStack, spawnGateway, spawnWorker, PushCollector } from "../harness/stack.js";
+import { runCli } from "../harness/cli.js";
+import { sleep, waitFor } from "../harness/wait.js";
 
 const infra = await startInfra();
 await initStack(infra.env);
@@ -56,11 +59,17 @@ test("dispatch - one result per recipient; the same dispatch inside the window i
   const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
   const first = await d.dispatch(ok);
   assert.deepEqual(first.map((r) => r.user), ["alice", "bob"]);
-  for (const r of first) assert.ok("seq" in r && r.duplicate === false && r.shard === registry.shards.shardOf(r.user));
+  for (const r of first) {
+    assert.ok("seq" in r && r.duplicate === false && r.shard === registry.shards.shardOf(r.user));
+    assert.equal(typeof r.seq, "bigint");
+    assert.equal(r.seq, composeSeq(registry.state.shards.get(r.shard)!.epoch, r.offset), "the mailbox_seq of the offset");
+  }
   const again = await d.dispatch(ok);
   for (const [i, r] of again.entries()) {
-    assert.ok("seq" in r && r.duplicate === true);
-    assert.equal(r.seq, (first[i] as { seq: number }).seq);
+    const f = first[i]!;
+    assert.ok("seq" in r && r.duplicate === true && "seq" in f);
+    assert.equal(r.seq, f.seq);
+    assert.equal(r.offset, f.offset);
   }
   d.close();
 });
@@ -107,4 +116,63 @@ test("dispatch - each user's entries stay in dispatch order while publishes time
   }
   for (const u of users) assert.deepEqual(seen.get(u), sent.get(u), `order of ${u}`);
   d.close();
+});
+
+test("dispatch - the result's seq is the mailbox_seq the entry is pushed with (a decimal string over HTTP), offset the stream offset", async () => {
+  const pushes = await PushCollector.start(infra.nats.url);
+  const worker = await spawnWorker(infra.env, { JETGATE_WORKER_ID: "dw", JETGATE_LEASE_MS: "1000" });
+  const gateway = await spawnGateway(infra.env, { JETGATE_SERVICE_TOKEN: "svc-secret" });
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
+  try {
+    await waitFor("the worker runs both shards", async () => (await worker.metric("jetgate_worker_lease_held")) === 2, { timeoutMs: 20_000 });
+    const user = "hana";
+    const shard = registry.shards.shardOf(user)!;
+    const post = async (id: string) => {
+      const res = await fetch(`http://127.0.0.1:${gateway.httpPort}/v1/dispatch`, {
+        method: "POST",
+        headers: { authorization: "Bearer svc-secret", "content-type": "application/json" },
+        body: JSON.stringify({ dispatch_id: id, message_id: id, lane: "default", recipients: [user], body: id }),
+      });
+      assert.equal(res.status, 200);
+      const [r] = ((await res.json()) as { results: { user: string; shard: number; seq: unknown; offset: unknown; duplicate: boolean }[] }).results;
+      assert.ok(r !== undefined && r.user === user && r.shard === shard);
+      assert.equal(typeof r.seq, "string", "a mailbox_seq passes 2^53: JSON carries it as a decimal string");
+      assert.match(r.seq as string, /^\d+$/);
+      assert.equal(typeof r.offset, "number");
+      return { seq: BigInt(r.seq as string), offset: r.offset as number };
+    };
+    const pushed = (id: string) => waitFor(`${id} pushed`, () => pushes.pushes.find((p) => p.push.entry.id === id)?.push.entry.seq, { timeoutMs: 15_000 });
+
+    const r1 = await post("hs1");
+    assert.equal(r1.seq, await pushed("hs1"), "the seq the device gets");
+    assert.equal(seqOffset(r1.seq), BigInt(r1.offset));
+
+    // an epoch change (the worker claims the operator's epoch): the seq carries the epoch bits
+    const before = registry.state.shards.get(shard)!.epoch;
+    const out = await runCli(infra.env, ["shard", "takeover", String(shard)]);
+    assert.equal(out.code, 0, out.text);
+    await waitFor("the worker took the shard again", () => {
+      const s = registry.state.shards.get(shard)!;
+      return s.epoch === before + 1 && s.owner === "dw";
+    }, { timeoutMs: 15_000 });
+    const r2 = await post("hs2");
+    assert.equal(seqEpoch(r2.seq), before + 1);
+    assert.ok(r2.seq > BigInt(r2.offset), "a mailbox_seq (epoch << 48 | offset), not the offset");
+    assert.equal(seqOffset(r2.seq), BigInt(r2.offset));
+    assert.equal(r2.seq, await pushed("hs2"), "the seq the device gets");
+    const stored = await (await jetstreamManager(nc)).streams.getMessage(shardStream(shard), { seq: r2.offset });
+    assert.equal(stored !== null && decodeStoredEntry(stored.data).id, "hs2", "offset is the entry's stream sequence");
+
+    // the library result: seq a bigint, offset a number
+    const [r3] = await d.dispatch({ dispatch_id: "hs3", message_id: "hs3", lane: "default", recipients: [user], body: new Uint8Array(1) });
+    assert.ok(r3 !== undefined && "seq" in r3);
+    assert.equal(typeof r3.seq, "bigint");
+    assert.equal(r3.seq, composeSeq(before + 1, r3.offset));
+    assert.equal(r3.seq, await pushed("hs3"));
+  } finally {
+    d.close();
+    await gateway.kill();
+    await worker.kill();
+    await pushes.close();
+  }
 });

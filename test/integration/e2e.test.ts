@@ -77,16 +77,23 @@ async function run(opts: { killWorkerMidway: boolean }): Promise<void> {
 
     // on timeout the assertions below name the device and what it lacks
     await waitFor("every device has every entry of its user", () => devices.every((d) => d.applied.length >= (sent.get(d.user)?.length ?? 0)), { timeoutMs: 120_000, intervalMs: 200 }).catch(() => undefined);
-    await sleep(300);
+    // a marker per user, dispatched after all that: a repeat the gateway or the SDK would wrongly
+    // deliver comes before it, so each device's entries before its marker are checked
+    const marker = (user: string) => `mark-${user}`;
+    await Promise.all([...new Set(devices.map((d) => d.user))].map((user) =>
+      dispatcher!.dispatch({ dispatch_id: marker(user), message_id: marker(user), lane: "default", recipients: [user], body: new Uint8Array(1) })));
+    await waitFor("every device has its user's marker", () => devices.every((d) => d.applied.some((e) => e.id === marker(d.user))), { timeoutMs: 30_000, intervalMs: 100 }).catch(() => undefined);
     let total = 0;
     for (const d of devices) {
       const want = sent.get(d.user) ?? [];
-      const got = d.applied.map((e) => e.id);
-      const missing = want.filter((id) => !got.includes(id));
+      const applied = d.applied.map((e) => e.id);
+      const got = applied.filter((id) => id !== marker(d.user));
+      const missing = [...want, marker(d.user)].filter((id) => !applied.includes(id));
       if (missing.length > 0) {
         const last = d.applied.at(-1);
-        assert.fail(`${d.user}/${devices.indexOf(d) % DEVICES_PER_USER}: ${missing.length} of ${want.length} missing (${missing.slice(0, 5).join(" ")}); last applied ${last?.id}@${last?.seq.toString(16)}; state ${JSON.stringify(d.client.state)} stats ${JSON.stringify(d.client.stats)}\n${procs.map((p) => p.output.slice(-20).join("\n")).join("\n")}`);
+        assert.fail(`${d.user}/${devices.indexOf(d) % DEVICES_PER_USER}: ${missing.length} of ${want.length + 1} missing (${missing.slice(0, 5).join(" ")}); last applied ${last?.id}@${last?.seq.toString(16)}; state ${JSON.stringify(d.client.state)} stats ${JSON.stringify(d.client.stats)}\n${procs.map((p) => p.output.slice(-20).join("\n")).join("\n")}`);
       }
+      assert.deepEqual(applied.slice(-1), [marker(d.user)], `${d.user}: nothing applied after the marker`);
       assert.equal(got.length, want.length, `${d.user}: each entry exactly once after dedup`);
       assert.deepEqual(new Set(got), new Set(want), `${d.user}: every entry`);
       for (let i = 1; i < d.applied.length; i++) assert.ok(d.applied[i]!.seq > d.applied[i - 1]!.seq, `${d.user}: increasing seqs`);

@@ -2,12 +2,12 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { jetstream, jetstreamManager, type JsMsg } from "@nats-io/jetstream";
 import {
-  bumpEpoch, composeSeq, halfRange, loadConfig, newLogId, shardStream, shardStreamConfig, splitShard, userHash,
+  RedisKeys, bumpEpoch, composeSeq, halfRange, loadConfig, newLogId, seqOffset, shardStream, shardStreamConfig, splitShard, userHash,
   type CursorToken, type DeviceCursor, type Entry, type MailboxSeq, type ServerFrame,
 } from "../../protocol/index.js";
-import { startStack, spawnGateway, spawnWorker } from "../harness/stack.js";
+import { redisClient, startStack, spawnGateway, spawnWorker } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
-import { sleep, waitFor } from "../harness/wait.js";
+import { waitFor } from "../harness/wait.js";
 
 const stack = await startStack({ env: { JETGATE_LEASE_MS: "1000", JETGATE_AUTH_TIMEOUT_MS: "600" }, gateway: {} });
 after(() => stack.dispose());
@@ -16,6 +16,9 @@ const gateway = stack.gateway!;
 const config = loadConfig(infra.env);
 const js = jetstream(nc);
 const jsm = await jetstreamManager(nc);
+const keys = new RedisKeys(config.JETGATE_REDIS_PREFIX);
+const redis = await redisClient(infra.redis.url);
+after(() => redis.disconnect());
 
 /** Users by shard: alice is on shard 0; `moved` is a shard-1 user in the upper half (moved by the split). */
 const usersOf = (pred: (h: number) => boolean) => Array.from({ length: 400 }, (_, i) => `user${i}`).filter((u) => pred(userHash(u)));
@@ -29,7 +32,7 @@ async function send(user: string, count: number): Promise<string[]> {
   for (let i = 0; i < count; i++) {
     const id = `${user}-m${n++}`;
     const [r] = await dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: [user], body: new TextEncoder().encode(id) });
-    assert.ok(r && !("error" in r), JSON.stringify(r));
+    assert.ok(r && !("error" in r), JSON.stringify(r, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v)));
     ids.push(id);
   }
   return ids;
@@ -146,9 +149,15 @@ test("gateway auth - an expired JWT: UNAUTHORIZED and close 4401", async () => {
 test("gateway auth - no AUTH within the timeout: close 4401; traffic does not extend it", async () => {
   const dev = await TestDevice.connect(gateway.httpPort);
   const started = Date.now();
-  const closed = await dev.waitClosed(5000);
-  assert.equal(closed.code, 4401);
-  assert.ok(Date.now() - started >= 500);
+  // WebSocket pings every 100 ms (the only traffic allowed before AUTH) past the 600 ms timeout
+  const pings = setInterval(() => dev.ws.ping(), 100);
+  try {
+    const closed = await dev.waitClosed(5000);
+    assert.deepEqual(closed, { code: 4401, reason: "auth timeout" });
+    assert.ok(Date.now() - started >= 500, `closed after ${Date.now() - started} ms`);
+  } finally {
+    clearInterval(pings);
+  }
 });
 
 test("gateway auth - epoch bumped in the same log (E1 takeover): rebased, no duplicates, no gap", async () => {
@@ -251,9 +260,14 @@ test("gateway auth - retention passed the cursor (max_bytes): CURSOR_EXPIRED, re
   const others = usersOf((h) => registry.shards.shardOfHash(h) === shard).filter((u) => u !== "alice").slice(0, 5);
   for (const u of others) await send(u, 12); // pushes alice's entries out of the stream
   const head = await send("alice", 1);
-  const first = (await jsm.streams.info(shardStream(shard))).state.first_seq;
+  const { first_seq: first, last_seq: headOffset } = (await jsm.streams.info(shardStream(shard))).state;
   assert.ok(first > 5, `retention removed old entries (first_seq ${first})`);
-  await sleep(300);
+  // the head (the stream's last entry) is in alice's watermarks before the session starts: it is
+  // below where the session continues, never a live entry of it
+  await waitFor(`the worker applied alice's head (offset ${headOffset})`, async () => {
+    const all = await redis.hget(keys.watermarks("alice"), "_all");
+    return all !== null && seqOffset(BigInt(all)) >= BigInt(headOffset);
+  });
   const s = await session("alice", alice, 0);
   const err = s.errors[0]!;
   assert.equal(err.code, "CURSOR_EXPIRED");
@@ -276,7 +290,8 @@ test("gateway auth - a split that lands while an AUTH is deciding: the session m
     const before = await send(user, 2);
     const dev = await TestDevice.connect(slow.httpPort);
     dev.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "tablet" });
-    await sleep(300); // the gateway holds the pre-split view now
+    // the session's presence claim is the step before the gateway takes its view and pauses
+    await waitFor("the AUTH's presence claim (the gateway then holds the pre-split view)", async () => (await redis.exists(keys.presence(user, "tablet"))) === 1);
     const cut = (await jsm.streams.info(shardStream(0))).state.last_seq;
     const childLog = newLogId();
     await jsm.streams.add(shardStreamConfig(3, childLog, config));
@@ -301,7 +316,7 @@ test("gateway auth - a split that lands while an AUTH is deciding: the session m
   }
 });
 
-test("gateway auth - a cursor newer than the gateway's registry view while the registry cannot be read: 4500, retry later (never CURSOR_INVALID)", async () => {
+test("gateway auth - a cursor newer than the gateway's registry view while the registry cannot be read: UNAVAILABLE and 4503, retry later (never CURSOR_INVALID)", async () => {
   const shard = registry.state.shards.get(alice.shard)!;
   const ahead: DeviceCursor = { ...alice, seq: composeSeq(shard.epoch + 3, 1) };
   const dev = await TestDevice.connect(gateway.httpPort);
@@ -309,8 +324,8 @@ test("gateway auth - a cursor newer than the gateway's registry view while the r
   try {
     dev.send({ t: "AUTH", v: 1, token: await deviceToken("alice"), device: "phone", cursor: ahead });
     const err = await dev.next("ERROR", 20_000);
-    assert.deepEqual([err.code, err.fatal, err.msg], ["INTERNAL", true, "registry unavailable: reconnect later"]);
-    assert.equal((await dev.waitClosed()).code, 4500);
+    assert.deepEqual([err.code, err.fatal, err.msg, err.retry_ms], ["UNAVAILABLE", true, "registry unavailable: reconnect later", 2000]);
+    assert.equal((await dev.waitClosed()).code, 4503);
     assert.ok(!dev.frames.some((f) => f.t === "AUTH_OK"), "no decision on a view known to be behind");
   } finally {
     infra.nats.resume();

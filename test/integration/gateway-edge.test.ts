@@ -4,7 +4,7 @@ import { spawn } from "node:child_process";
 import { bumpEpoch, composeSeq, encodePush, pack, pushSubject, type Entry } from "../../protocol/index.js";
 import { startStack, freePortForTest } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
-import { sleep, waitFor } from "../harness/wait.js";
+import { waitFor } from "../harness/wait.js";
 
 // No worker here: this test publishes the pushes itself, so it can withhold one.
 const stack = await startStack({
@@ -27,8 +27,7 @@ async function authed(user: string, device = "d1"): Promise<TestDevice> {
 async function append(user: string, id: string): Promise<{ entry: Entry; shard: number; offset: number }> {
   const [r] = await dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: [user], body: new TextEncoder().encode(id) });
   assert.ok(r && "seq" in r);
-  const epoch = registry.state.shards.get(r.shard)!.epoch;
-  return { shard: r.shard, offset: r.seq, entry: { seq: composeSeq(epoch, r.seq), id, lane: "default", prev: null, ts: Date.now(), b: new TextEncoder().encode(id) } };
+  return { shard: r.shard, offset: r.offset, entry: { seq: r.seq, id, lane: "default", prev: null, ts: Date.now(), b: new TextEncoder().encode(id) } };
 }
 
 function push(user: string, a: { entry: Entry; shard: number }, prevAll: bigint | null, epoch = registry.state.shards.get(a.shard)!.epoch): void {
@@ -36,6 +35,8 @@ function push(user: string, a: { entry: Entry; shard: number }, prevAll: bigint 
 }
 
 test("gateway edge - a lost push is detected by pa and filled from the stream before the next entry", async () => {
+  const gapFills = await gateway.metric("jetgate_gateway_gap_fills_total");
+  const duplicates = await gateway.metric("jetgate_gateway_duplicates_dropped_total");
   const dev = await authed("gappy");
   const e1 = await append("gappy", "g1");
   const e2 = await append("gappy", "g2");
@@ -45,12 +46,16 @@ test("gateway edge - a lost push is detected by pa and filled from the stream be
   push("gappy", e3, e2.entry.seq);
   await waitFor("three entries", () => dev.entries().length === 3);
   assert.deepEqual(dev.entries().map((e) => e.id), ["g1", "g2", "g3"]);
-  assert.equal(await gateway.metric("jetgate_gateway_gap_fills_total"), 1);
-  // a repeat of an entry already sent is dropped silently
+  assert.equal((await gateway.metric("jetgate_gateway_gap_fills_total")) - gapFills, 1);
+  // a repeat of an entry already sent is dropped silently: the next push, published after it on
+  // the same connection, is the next entry the device gets
   push("gappy", e3, e2.entry.seq);
-  await sleep(200);
-  assert.equal(dev.entries().length, 3);
-  assert.equal(await gateway.metric("jetgate_gateway_duplicates_dropped_total"), 1);
+  const e4 = await append("gappy", "g4");
+  push("gappy", e4, e3.entry.seq);
+  await waitFor("the entry pushed after the repeat", () => dev.entries().some((e) => e.id === "g4"));
+  assert.deepEqual(dev.entries().map((e) => e.id), ["g1", "g2", "g3", "g4"]);
+  assert.equal((await gateway.metric("jetgate_gateway_duplicates_dropped_total")) - duplicates, 1);
+  assert.equal((await gateway.metric("jetgate_gateway_gap_fills_total")) - gapFills, 1, "the marker needed no fill");
   assert.equal(await gateway.metric("jetgate_mailbox_seq_regression_total"), 0);
   dev.close();
 });
@@ -139,25 +144,49 @@ test("gateway edge - a token bound to another device is refused; a token's expir
 });
 
 test("gateway edge - the gateway refuses the pure-JS uWS fallback unless told otherwise", async () => {
-  const run = (extra: Record<string, string>) =>
-    new Promise<{ code: number | null; out: string }>((resolve) => {
+  /**
+   * Runs a gateway on the fallback until it exits, or until `stopWhen` holds (then SIGTERM); after
+   * 20 s it is stopped (SIGKILL) and `deadline` says so.
+   */
+  const run = (extra: Record<string, string>, stopWhen?: (out: string) => Promise<boolean>) =>
+    new Promise<{ code: number | null; stopped: boolean; deadline: boolean; out: string }>((resolve) => {
       const p = spawn(process.execPath, ["--import", "tsx", "gateway/main.ts"], {
         cwd: new URL("../../", import.meta.url),
         env: { PATH: process.env.PATH ?? "", ...infra.env, UWS_USE_FALLBACK: "1", JETGATE_GATEWAY_PORT: "0", ...extra },
       });
       let out = "";
+      let stopped = false;
+      let deadline = false;
       p.stdout.on("data", (d: Buffer) => (out += d.toString()));
       p.stderr.on("data", (d: Buffer) => (out += d.toString()));
-      const timer = setTimeout(() => p.kill("SIGTERM"), 8000);
+      const timer = setTimeout(() => {
+        deadline = true;
+        p.kill("SIGKILL");
+      }, 20_000);
+      const poll = setInterval(() => {
+        if (stopped || stopWhen === undefined || p.exitCode !== null) return;
+        void stopWhen(out).then((yes) => {
+          if (yes && !stopped && p.exitCode === null) {
+            stopped = true;
+            p.kill("SIGTERM");
+          }
+        });
+      }, 50);
       p.on("exit", (code) => {
         clearTimeout(timer);
-        resolve({ code, out });
+        clearInterval(poll);
+        resolve({ code, stopped, deadline, out });
       });
     });
   const refused = await run({});
-  assert.equal(refused.code, 1);
+  assert.equal(refused.code, 1, refused.out);
   assert.match(refused.out, /JETGATE_ALLOW_UWS_FALLBACK/);
-  const allowed = await run({ JETGATE_ALLOW_UWS_FALLBACK: "true", JETGATE_GATEWAY_PORT: String(await freePortForTest()) });
+  // allowed: it warns, and serves (ready on its port) until it is told to stop
+  const port = await freePortForTest();
+  const ready = () => fetch(`http://127.0.0.1:${port}/readyz`).then((r) => r.status === 200, () => false);
+  const allowed = await run({ JETGATE_ALLOW_UWS_FALLBACK: "true", JETGATE_GATEWAY_PORT: String(port) }, ready);
+  assert.equal(allowed.deadline, false, `it became ready within 20 s:\n${allowed.out}`);
+  assert.equal(allowed.stopped, true, `it ran until stopped:\n${allowed.out}`);
   assert.match(allowed.out, /pure-JS uWebSockets.js fallback/);
 });
 

@@ -1,7 +1,8 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { jetstreamManager } from "@nats-io/jetstream";
-import type { Entry } from "../../protocol/index.js";
+import type { Redis } from "ioredis";
+import { RedisKeys, loadConfig, seqKey, type Entry } from "../../protocol/index.js";
 import { startStack, spawnGateway, redisClient } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { sleep, waitFor } from "../harness/wait.js";
@@ -17,6 +18,7 @@ after(() => stack.dispose());
 const { infra, nc, dispatcher } = stack;
 const worker = stack.worker!;
 const gateway = stack.gateway!;
+const keys = new RedisKeys(loadConfig(infra.env).JETGATE_REDIS_PREFIX);
 
 async function live(port: number, user: string, device = "d1", lanes?: string[]): Promise<TestDevice> {
   const dev = await TestDevice.connect(port);
@@ -56,8 +58,11 @@ test("gateway live - catch-up of 20,000 entries while dispatches continue: every
   await running;
   const all = [...backlog, ...during];
   await waitFor("every entry delivered", () => dev.entries().length >= all.length, { timeoutMs: 30_000 });
-  await sleep(200);
-  const got = dev.entries();
+  // a marker dispatched after everything was delivered comes after any repeat the gateway would send
+  await dispatcher.dispatch({ dispatch_id: "hmark", message_id: "hmark", lane: "default", recipients: [user], body: new Uint8Array(1) });
+  await waitFor("the marker entry delivered", () => dev.entries().some((e) => e.id === "hmark"));
+  assert.equal(dev.entries().at(-1)!.id, "hmark", "nothing after the marker");
+  const got = dev.entries().slice(0, -1);
   assert.equal(got.length, all.length, "each entry exactly once");
   assert.deepEqual(new Set(got.map((e) => e.id)), new Set(all));
   assertStrictlyIncreasing(got);
@@ -67,7 +72,7 @@ test("gateway live - catch-up of 20,000 entries while dispatches continue: every
   dev.close();
 });
 
-test("gateway live - lanes filter what a device receives; PULL pages by lane; PING; ACK is stored", async () => {
+test("gateway live - lanes filter what a device receives; PULL pages by lane; PING; ACK is stored, a lower ACK never lowers it", async () => {
   const user = "laner";
   const ids = ["l0", "l1", "l2", "l3", "l4", "l5"];
   for (const [i, id] of ids.entries()) {
@@ -83,16 +88,42 @@ test("gateway live - lanes filter what a device receives; PULL pages by lane; PI
   assert.ok(page.t === "MSGS");
   assert.deepEqual(page.e.map((e) => e.id), ["l0", "l2"]);
   assert.equal(page.more, true);
+  // only seqs the device received are ACKed (the gateway refuses one beyond what it sent)
   const last = dev.entries().at(-1)!.seq;
-  dev.send({ t: "ACK", seq: last });
+  const lower = dev.entries()[0]!.seq;
+  const ackKey = keys.deviceAck(user, "d1");
   const r = await redisClient(infra.redis.url);
-  const stored = await waitFor("ACK stored", async () => (await r.get(`jg:{u:${user}}:ack:d1`)) ?? undefined, { timeoutMs: 5000 });
-  assert.equal(BigInt(stored), last);
-  dev.send({ t: "ACK", seq: 1n }); // a lower ACK never lowers it
-  await sleep(1300);
-  assert.equal(BigInt((await r.get(`jg:{u:${user}}:ack:d1`))!), last);
-  r.disconnect();
-  dev.close();
+  // every command that carries the lower seq into the device's ACK key (the gateway's store, and
+  // a write inside its script if it wrongly lowered the value)
+  const monitor = await r.monitor();
+  let lowerStores = 0;
+  monitor.on("monitor", (_time: string, args: string[]) => {
+    if (args.includes(ackKey) && args.includes(seqKey(lower))) lowerStores++;
+  });
+  try {
+    dev.send({ t: "ACK", seq: last });
+    await waitFor(`${ackKey} to hold the ACKed seq ${seqKey(last)}`, async () => {
+      const v = await r.get(ackKey);
+      if (v !== seqKey(last)) throw new Error(`it holds ${v}`);
+      return true;
+    }, { timeoutMs: 5000 });
+    // a lower ACK in the same session: the close flushes what the session holds
+    dev.send({ t: "ACK", seq: lower });
+    dev.close();
+    await dev.waitClosed();
+    // a new session of the device (restored from a backup, say) ACKs an older entry it received
+    // again: its store reaches Redis (on close), and must not lower the value
+    const again = await live(gateway.httpPort, user, "d1", ["chat"]);
+    await waitFor("the catch-up of the new session", () => again.entries().length === 3);
+    assert.equal(again.entries()[0]!.seq, lower);
+    again.send({ t: "ACK", seq: lower });
+    again.close();
+    await waitFor(`the gateway's store of the lower ACK ${seqKey(lower)} in Redis`, () => lowerStores > 0);
+    assert.equal(await r.get(ackKey), seqKey(last), "a lower ACK never lowers the stored one");
+  } finally {
+    monitor.disconnect();
+    r.disconnect();
+  }
 });
 
 test("gateway live - SEND goes to INGRESS once per cmid; SEND_OK after the JetStream ack", async () => {
@@ -118,10 +149,16 @@ test("gateway live - one session per device across two gateways: the older is cl
     const second = await live(g2.httpPort, "twin", "phone");
     assert.equal((await first.waitClosed()).code, 4409);
     assert.equal(second.closed, undefined);
-    // another device of the same user is untouched
+    // another device of the same user is untouched. Its AUTH claimed presence (and published any
+    // kick to g2) before its SYNCED; a kick this gateway publishes afterwards reaches g2 after it:
+    // once that one closed its session, a wrong kick from the tablet's AUTH has closed `second`
     const tablet = await live(gateway.httpPort, "twin", "tablet");
-    await sleep(200);
+    const watchOnG2 = await live(g2.httpPort, "twin", "watch");
+    const watchOnG1 = await live(gateway.httpPort, "twin", "watch");
+    assert.equal((await watchOnG2.waitClosed()).code, 4409, "the marker kick from this gateway to g2");
+    assert.equal(await second.roundTrip(), true, `the phone's session on g2 still answers (closed: ${JSON.stringify(second.closed)})`);
     assert.equal(second.closed, undefined);
+    watchOnG1.close();
     await dispatcher.dispatch({ dispatch_id: "tw1", message_id: "tw1", lane: "default", recipients: ["twin"], body: new Uint8Array(1) });
     await waitFor("both live sessions get it", () => second.entries().length === 1 && tablet.entries().length === 1);
     second.close();
@@ -193,7 +230,20 @@ test("gateway live - health, readiness and metrics on the WebSocket port", async
   assert.equal((await gateway.http("/nope")).status, 404);
 });
 
-test("gateway live - catch-up is right from the hot cache and, after a Redis FLUSHALL, from the stream", async () => {
+/** Deletes every Redis key of `user` (what a FLUSHALL takes from it) and no other: the server is shared by this file's tests. */
+async function dropUserKeys(r: Redis, user: string): Promise<number> {
+  const pattern = `${keys.watermarks(user).slice(0, -"wm".length)}*`;
+  let dropped = 0;
+  let cursor = "0";
+  do {
+    const [next, found] = await r.scan(cursor, "MATCH", pattern, "COUNT", 1000);
+    cursor = next;
+    if (found.length > 0) dropped += await r.del(...found);
+  } while (cursor !== "0");
+  return dropped;
+}
+
+test("gateway live - catch-up is right from the hot cache and, with the user's Redis keys gone (as after a FLUSHALL), from the stream", async () => {
   const user = "cachey";
   const send = async (from: number, to: number) => {
     for (let i = from; i < to; i++) await dispatcher.dispatch({ dispatch_id: `c${i}`, message_id: `c${i}`, lane: "default", recipients: [user], body: new Uint8Array(4) });
@@ -205,9 +255,10 @@ test("gateway live - catch-up is right from the hot cache and, after a Redis FLU
   assert.ok(ok.t === "AUTH_OK");
   const cursor = { ...ok.cursor, seq: first.entries().at(-1)!.seq };
   first.close();
+  const r = await redisClient(infra.redis.url);
   await send(5, 10);
-  await waitFor("the worker pushed them", async () => (await gateway.metric("jetgate_gateway_frames_out_total")) > 0);
-  await sleep(300);
+  // the user's hot cache, created at c0, holds c0..c9 (the worker writes one row per entry)
+  await waitFor("the hot cache holds c0..c9", async () => (await r.xlen(keys.hotCache(user))) === 10);
   const fromCache = async () => gateway.metric("jetgate_gateway_catchup_entries_total", { source: "cache" });
   const cacheBefore = await fromCache();
   const again = await TestDevice.connect(gateway.httpPort);
@@ -216,8 +267,8 @@ test("gateway live - catch-up is right from the hot cache and, after a Redis FLU
   assert.deepEqual(again.entries().map((e) => e.id), ["c5", "c6", "c7", "c8", "c9"]);
   assert.equal((await fromCache()) - cacheBefore, 5, "served by the hot cache");
   again.close();
-  const r = await redisClient(infra.redis.url);
-  await r.flushall();
+  assert.ok((await dropUserKeys(r, user)) >= 2, "the user's watermarks and hot cache were there");
+  assert.equal(await r.exists(keys.watermarks(user), keys.hotCache(user)), 0);
   const fromStream = async () => gateway.metric("jetgate_gateway_catchup_entries_total", { source: "stream" });
   const streamBefore = await fromStream();
   const flushed = await TestDevice.connect(gateway.httpPort);
@@ -227,7 +278,7 @@ test("gateway live - catch-up is right from the hot cache and, after a Redis FLU
   assert.equal((await fromStream()) - streamBefore, 5);
   const head = (await flushed.next("AUTH_OK")).head;
   assert.equal(head, flushed.entries().at(-1)!.seq, "the head rebuilt from the stream");
-  assert.equal(await r.hget(`jg:{u:${user}}:wm`, "default"), head.toString().padStart(20, "0"), "watermark written back");
+  assert.equal(await r.hget(keys.watermarks(user), "default"), seqKey(head), "watermark written back");
   flushed.close();
 
   // after the flush the cache starts again at the next entry: a device behind it is still served
@@ -236,7 +287,7 @@ test("gateway live - catch-up is right from the hot cache and, after a Redis FLU
   const neighbour = Array.from({ length: 200 }, (_, i) => `nb${i}`).find((u) => stack.registry.shards.shardOf(u) === stack.registry.shards.shardOf(user))!;
   await dispatcher.dispatch({ dispatch_id: "nb", message_id: "nb", lane: "default", recipients: [neighbour], body: new Uint8Array(1) });
   await send(10, 12);
-  await waitFor("the cache restarted", async () => (await r.xlen(`jg:{u:${user}}:hc`)) === 2);
+  await waitFor("the cache restarted", async () => (await r.xlen(keys.hotCache(user))) === 2);
   const streamBefore2 = await fromStream();
   const behind = await TestDevice.connect(gateway.httpPort);
   behind.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "d1", cursor });
@@ -257,7 +308,7 @@ test("gateway live - catch-up is right from the hot cache and, after a Redis FLU
   // the cache cannot say what this shard holds, the stream is read
   const own = near.entries().at(-1)!.seq;
   const foreignSeq = own + (1n << 48n);
-  await r.xadd(`jg:{u:${user}}:hc`, `${foreignSeq >> 48n}-${foreignSeq & 0xffffffffffffn}`, "s", foreignSeq.toString().padStart(20, "0"), "p", "", "l", "default", "e", "x", "h", "999");
+  await r.xadd(keys.hotCache(user), `${foreignSeq >> 48n}-${foreignSeq & 0xffffffffffffn}`, "s", seqKey(foreignSeq), "p", "", "l", "default", "e", "x", "h", "999");
   const streamBefore3 = await fromStream();
   const mixed = await TestDevice.connect(gateway.httpPort);
   mixed.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "d1", cursor: upToDate });

@@ -52,23 +52,56 @@ test("harness - Redis round trip", async () => {
   }
 });
 
-test("harness - SIGKILL and restart keep the port and the JetStream store", async () => {
-  const pid = nats.pid;
-  await nats.kill();
-  assert.equal(nats.running, false);
-  await nats.start();
-  assert.notEqual(nats.pid, pid);
-  const nc = await connect({ servers: nats.url });
+test("harness - SIGKILL and restart keep the port and the JetStream store; Redis restarts empty", async () => {
+  // servers of its own: the restarts wipe nothing the other tests use
+  const ownNats = await NatsServer.start();
+  const ownRedis = await RedisServer.start();
   try {
-    const jsm = await jetstreamManager(nc);
-    const info = await waitFor("stream H after restart", async () => (await jsm.streams.info("H")).state.messages === 2);
-    assert.equal(info, true);
+    const nc = await connect({ servers: ownNats.url });
+    try {
+      const jsm = await jetstreamManager(nc);
+      await jsm.streams.add({ name: "R", subjects: ["r.>"], storage: StorageType.File });
+      const js = jetstream(nc);
+      await js.publish("r.one", new TextEncoder().encode("1"));
+      await js.publish("r.two", new TextEncoder().encode("2"));
+      assert.equal((await jsm.streams.info("R")).state.messages, 2);
+    } finally {
+      await nc.close();
+    }
+    const port = ownNats.port;
+    const pid = ownNats.pid;
+    await ownNats.kill();
+    assert.equal(ownNats.running, false);
+    await ownNats.start();
+    assert.notEqual(ownNats.pid, pid);
+    assert.equal(ownNats.port, port);
+    const again = await connect({ servers: ownNats.url });
+    try {
+      const jsm = await jetstreamManager(again);
+      const info = await waitFor("stream R with both messages after the restart", async () => {
+        const n = (await jsm.streams.info("R")).state.messages;
+        if (n !== 2) throw new Error(`${n} messages`);
+        return true;
+      });
+      assert.equal(info, true);
+    } finally {
+      await again.close();
+    }
+
+    const r = new Redis(ownRedis.url, { lazyConnect: true, maxRetriesPerRequest: 1 });
+    await r.connect();
+    await r.set("k", "v");
+    assert.equal(await r.get("k"), "v", "written before the restart");
+    r.disconnect();
+    await ownRedis.restart();
+    const r2 = new Redis(ownRedis.url, { lazyConnect: true, maxRetriesPerRequest: 1 });
+    await r2.connect();
+    try {
+      assert.equal(await r2.get("k"), null, "redis runs without persistence, as a cache");
+    } finally {
+      r2.disconnect();
+    }
   } finally {
-    await nc.close();
+    await Promise.all([ownNats.dispose(), ownRedis.dispose()]);
   }
-  await redis.restart();
-  const r = new Redis(redis.url, { lazyConnect: true, maxRetriesPerRequest: 1 });
-  await r.connect();
-  assert.equal(await r.get("k"), null, "redis runs without persistence, as a cache");
-  r.disconnect();
 });

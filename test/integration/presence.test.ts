@@ -5,7 +5,7 @@ import { RedisKeys } from "../../protocol/index.js";
 import { Presence, type Kick } from "../../gateway/presence.js";
 import { NatsServer, RedisServer } from "../harness/servers.js";
 import { redisClient } from "../harness/stack.js";
-import { sleep, waitFor } from "../harness/wait.js";
+import { waitFor } from "../harness/wait.js";
 
 const nats = await NatsServer.start();
 const redis = await RedisServer.start();
@@ -28,6 +28,16 @@ gwA.start();
 gwB.start();
 await nc.flush();
 
+/**
+ * A marker kick from `from` to `to` over NATS (B claims a device, then A takes it over): a kick
+ * `from` published before on the same connection has reached `to` by the time this one has.
+ */
+async function markerKick(from: Presence, to: Presence, list: { gw: string; kick: Kick }[], user: string): Promise<void> {
+  assert.equal(await to.claim(user, "d", "marker-old", 1), "claimed");
+  assert.equal(await from.claim(user, "d", "marker-new", 2), "claimed");
+  await waitFor(`the marker kick of ${user} at ${to.gatewayId}`, () => list.some((k) => k.kick.user === user));
+}
+
 test("presence - the later AUTH kicks the earlier session, on this gateway or another", async () => {
   assert.equal(await gwA.claim("u1", "d", "s1", 1000), "claimed");
   assert.equal(await gwB.claim("u1", "d", "s2", 2000), "claimed");
@@ -39,8 +49,8 @@ test("presence - a claim that reaches Redis late (behind an outage) does not kic
   kicks.length = 0;
   assert.equal(await gwB.claim("u2", "d", "new", 5000), "claimed");
   assert.equal(await gwA.claim("u2", "d", "old", 4000), "superseded", "the older AUTH is the one replaced");
-  await sleep(200);
-  assert.deepEqual(kicks, [], "nobody was kicked");
+  await markerKick(gwA, gwB, kicks, "u2-marker");
+  assert.deepEqual(kicks, [{ gw: "gwB", kick: { user: "u2-marker", device: "d", session: "marker-old" } }], "nobody but the marker was kicked");
   assert.equal(await r1.get(keys.presence("u2", "d")), "gwB/new/5000", "the newer session keeps the key");
   // the old session's release does not remove the newer one's key
   await gwA.release("u2", "d", "old", 4000);
@@ -50,12 +60,34 @@ test("presence - a claim that reaches Redis late (behind an outage) does not kic
 });
 
 test("presence - Redis away: claims succeed (soft state) and kick nobody", async () => {
-  kicks.length = 0;
-  await redis.kill();
+  // a Redis of its own: the outage takes nothing from the other tests' server
+  const own = await RedisServer.start();
+  const rC = await redisClient(own.url);
+  const rD = await redisClient(own.url);
+  for (const r of [rC, rD]) r.on("error", () => undefined); // refused connections during the outage
+  const ownKicks: { gw: string; kick: Kick }[] = [];
+  const gwC = new Presence(rC, keys, nc, "gwC", (k) => ownKicks.push({ gw: "gwC", kick: k }));
+  const gwD = new Presence(rD, keys, nc, "gwD", (k) => ownKicks.push({ gw: "gwD", kick: k }));
+  gwC.start();
+  gwD.start();
+  await nc.flush();
   try {
-    assert.equal(await gwA.claim("u3", "d", "s", 1), "claimed");
-    assert.deepEqual(kicks, []);
+    // gwD holds the device before the outage
+    assert.equal(await gwD.claim("u3", "d", "before", 1), "claimed");
+    await own.kill();
+    try {
+      assert.equal(await gwC.claim("u3", "d", "s", 2), "claimed");
+    } finally {
+      await own.start();
+    }
+    await waitFor("both clients back on the restarted Redis", async () => (await rC.ping()) === "PONG" && (await rD.ping()) === "PONG");
+    await markerKick(gwC, gwD, ownKicks, "u3-marker");
+    assert.deepEqual(ownKicks, [{ gw: "gwD", kick: { user: "u3-marker", device: "d", session: "marker-old" } }], "nobody but the marker was kicked");
   } finally {
-    await redis.start();
+    gwC.stop();
+    gwD.stop();
+    rC.disconnect();
+    rD.disconnect();
+    await own.dispose();
   }
 });

@@ -4,6 +4,7 @@ import { connect } from "@nats-io/transport-node";
 import { jetstream } from "@nats-io/jetstream";
 import { Dispatcher, RegistryClient, shardStream } from "../../protocol/index.js";
 import { startInfra, initStack, spawnWorker, redisClient, PushCollector, DispatchLoad, type Infra, type JetgateProcess } from "../harness/stack.js";
+import { runCli } from "../harness/cli.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
 const LEASE_MS = 1000;
@@ -205,6 +206,60 @@ test("takeover - a delivery lost in flight (the consumer moved past an offset th
     assert.equal(await w.metric("jetgate_worker_delivery_gaps_total"), 1);
   } finally {
     await nc.close();
+    await r.close();
+  }
+});
+
+test("takeover - one epoch per ownership change: a worker claims the epoch init, `shard takeover` and `shard split` wrote; after a crash the next worker bumps", async () => {
+  const r = await rig();
+  try {
+    const shard = (id: number) => r.registry.state.shards.get(id)!;
+    const epochs = (ids: number[]) => ids.map((id) => shard(id).epoch);
+    /** Waits until the worker has taken shards over `n` times in all (claims and bumps), then for the registry. */
+    const takeovers = async (w: JetgateProcess, n: number) => {
+      await waitFor(`${n} takeovers`, async () => (await w.metric("jetgate_worker_takeovers_total")) >= n, { timeoutMs: 15_000 });
+      await r.registry.sync();
+    };
+    const w = await spawnWorker(r.infra.env, { JETGATE_WORKER_ID: "solo" });
+    r.procs.push(w);
+    await takeovers(w, 2);
+    assert.deepEqual(epochs([0, 1]), [0, 0], "init's epoch 0 is claimed, not bumped");
+    assert.deepEqual([shard(0).owner, shard(1).owner], ["solo", "solo"]);
+    assert.deepEqual([shard(0).boundaries.length, shard(1).boundaries.length], [1, 1]);
+
+    // E1 by hand: the CLI's bump fences solo; solo takes the shard again and claims that epoch
+    const out = await runCli(r.infra.env, ["shard", "takeover", "0"]);
+    assert.equal(out.code, 0, out.text);
+    assert.match(out.text, /shard 0: epoch 0 -> 1/);
+    await takeovers(w, 3);
+    assert.equal(shard(0).epoch, 1, "`shard takeover` and the worker taking the shard spent one epoch");
+    assert.equal(shard(0).owner, "solo");
+    assert.deepEqual(shard(0).boundaries.map((b) => [b.epoch, b.cause]), [[0, "init"], [1, "takeover"]]);
+    const user0 = users.find((u) => r.registry.shards.shardOf(u) === 0)!;
+    await r.dispatcher.dispatch({ dispatch_id: "one1", message_id: "one1", lane: "default", recipients: [user0], body: new Uint8Array(1) });
+    const p = await waitFor("an entry pushed after the takeover", () => r.pushes.pushes.find((x) => x.push.entry.id === "one1"), { timeoutMs: 10_000 });
+    assert.equal(p.push.epoch, 1, "pushed under the operator's epoch");
+
+    // E2: parent and child start at epoch 1; solo claims both
+    const split = await runCli(r.infra.env, ["shard", "split", "1"]);
+    assert.equal(split.code, 0, split.text);
+    await takeovers(w, 5);
+    assert.deepEqual(epochs([1, 2]), [1, 1], "the split spent one epoch on the parent, and the child starts at it");
+    assert.deepEqual([shard(1).owner, shard(2).owner], ["solo", "solo"]);
+    assert.deepEqual(shard(1).boundaries.map((b) => b.cause), ["init", "split"]);
+    await sleep(2 * LEASE_MS);
+    await r.registry.sync();
+    assert.deepEqual(epochs([0, 1, 2]), [1, 1, 1], "nothing more while solo keeps its shards");
+
+    // a crash: the epochs solo claimed are bumped by the next worker, once each
+    await w.kill("SIGKILL");
+    const next = await spawnWorker(r.infra.env, { JETGATE_WORKER_ID: "next" });
+    r.procs.push(next);
+    await takeovers(next, 3);
+    assert.deepEqual(epochs([0, 1, 2]), [2, 2, 2]);
+    assert.deepEqual([0, 1, 2].map((id) => [shard(id).owner, shard(id).boundaries.at(-1)!.cause]), [["next", "takeover"], ["next", "takeover"], ["next", "takeover"]]);
+    assert.equal(await next.metric("jetgate_mailbox_seq_regression_total"), 0);
+  } finally {
     await r.close();
   }
 });

@@ -161,3 +161,79 @@ test("registry - entryOwner: a moved user's entries stay the parent's up to spli
   assert.equal(entryOwner(p, moved, composeSeq(0, 50)), "own", "at the cut: the parent's");
   assert.equal(entryOwner(p, moved, composeSeq(p.epoch, 51)), "forward", "after the cut: the child's");
 });
+
+test("registry - epochs written by operations are unclaimed; a worker's claim keeps the epoch, a claimed epoch is bumped", async () => {
+  const { planTakeover, claimEpoch, isClaimed, splitShard, halfRange } = await import("../../protocol/index.js");
+  // init: epoch 0 unclaimed; the first worker claims it, from offset 1
+  assert.equal(s0.owner, null);
+  assert.equal(isClaimed(s0), false);
+  assert.deepEqual(planTakeover(s0, 0), { mode: "claim", startOffset: 1, boundaryStart: 1 });
+  const claimed = claimEpoch(s0, "w1");
+  assert.deepEqual({ ...claimed, owner: undefined }, { ...s0, owner: undefined }, "a claim changes nothing but the owner");
+  assert.equal(claimed.owner, "w1");
+  assert.throws(() => claimEpoch(claimed, "w2"), RegistryError, "a claimed epoch cannot be claimed again");
+  // the owner crashed: the next worker bumps, as before
+  assert.deepEqual(planTakeover(claimed, 30), { mode: "bump", startOffset: 31, boundaryStart: 31 });
+  const bumped = bumpEpoch(claimed, { cause: "takeover", start_offset: 31, owner: "w2" });
+  assert.deepEqual([bumped.epoch, bumped.owner], [1, "w2"]);
+  // an operator's takeover (from the floor 40) and a worker taking the shard: one epoch in all
+  const op = bumpEpoch(bumped, { cause: "takeover", start_offset: 41, owner: null });
+  assert.deepEqual([op.epoch, op.owner], [2, null]);
+  assert.deepEqual(planTakeover(op, 55), { mode: "claim", startOffset: 41, boundaryStart: 41 },
+    "from the boundary's start: what the fenced owner processed past it went out under the old epoch");
+  assert.deepEqual(planTakeover(op, 20), { mode: "claim", startOffset: 41, boundaryStart: 41 });
+  assert.equal(claimEpoch(op, "w3").epoch, 2);
+  // a split: parent and child unclaimed; the parent's claim keeps processingStart's rules for the cut
+  const [p, c] = splitShard(claimEpoch(op, "w3"), { child: 9, childLog: "logK", moved: halfRange(op.range, true), cutOffset: 80 });
+  assert.deepEqual([p.owner, c.owner, p.epoch, c.epoch], [null, null, 3, 3]);
+  assert.deepEqual(planTakeover(p, 60), { mode: "claim", startOffset: 61, boundaryStart: 81 }, "the floor below the cut: from the floor, numbered by the older epoch");
+  assert.deepEqual(planTakeover(p, 95), { mode: "claim", startOffset: 81, boundaryStart: 81 }, "past the cut: from the cut");
+  assert.deepEqual(planTakeover(c, 0), { mode: "claim", startOffset: 1, boundaryStart: 1 });
+  // rebuild and failover: a new log, unclaimed, consumed from its start
+  const rb = bumpEpoch(claimEpoch(op, "w3"), { cause: "rebuild", log: "logR", start_offset: 1, prev_end_offset: 90, owner: null });
+  assert.deepEqual(planTakeover(rb, 0), { mode: "claim", startOffset: 1, boundaryStart: 1 });
+});
+
+test("registry - an owner left out (records of older versions) counts as claimed: the worker bumps", async () => {
+  const { planTakeover, isClaimed, claimEpoch } = await import("../../protocol/index.js");
+  const old: ShardState = { ...s0 };
+  delete old.owner;
+  assert.equal(isClaimed(old), true);
+  assert.equal(planTakeover(old, 0).mode, "bump");
+  assert.throws(() => claimEpoch(old, "w1"), RegistryError);
+  // parsed from JSON without the field: still absent
+  const back = decodeRecord(encodeRecord({ v: 1, op: "init", at: 0, by: "t", shards: [old] }));
+  assert.equal("owner" in back.shards[0]!, false);
+  assert.equal(isClaimed(back.shards[0]!), true);
+  // null survives JSON (it is not the same as absent)
+  assert.equal(decodeRecord(encodeRecord({ v: 1, op: "init", at: 0, by: "t", shards: [s0] })).shards[0]!.owner, null);
+  // bumpEpoch without an owner leaves it out (claimed, the safe default); the previous owner is not carried over
+  const b = bumpEpoch({ ...s0, owner: "w1" }, { cause: "takeover", start_offset: 5 });
+  assert.equal("owner" in b, false);
+  assert.throws(() => decodeRecord(encodeRecord({ v: 1, op: "takeover", at: 0, by: "t", shards: [{ ...s0, owner: "x".repeat(129) }] })), RegistryError, "owner too long");
+});
+
+test("registry - at one epoch the owner only goes from unclaimed to a worker: no two workers share an epoch", async () => {
+  const { claimEpoch } = await import("../../protocol/index.js");
+  const rec = (s: ShardState): RegistryRecord => ({ v: 1, op: "takeover", at: 0, by: "t", shards: [s] });
+  let st = applyRecord(EMPTY_REGISTRY, 1, { v: 1, op: "init", at: 0, by: "t", shards: [s0] });
+  st = applyRecord(st, 2, rec(claimEpoch(s0, "w1")));
+  assert.equal(st.shards.get(0)!.owner, "w1");
+  assert.throws(() => applyRecord(st, 3, rec({ ...s0, owner: "w2" })), /reassigns epoch 0 of shard 0, claimed by w1/);
+  assert.throws(() => applyRecord(st, 3, rec({ ...s0, owner: null })), /reassigns epoch 0/, "back to unclaimed");
+  const legacy: ShardState = { ...s0 };
+  delete legacy.owner;
+  const old = applyRecord(EMPTY_REGISTRY, 1, rec(legacy));
+  assert.throws(() => applyRecord(old, 2, rec({ ...s0, owner: "w2" })), /reassigns epoch 0/, "an epoch of an older version is claimed");
+  // a newer epoch may say anything
+  const next = applyRecord(st, 3, rec(bumpEpoch(st.shards.get(0)!, { cause: "takeover", start_offset: 9, owner: null })));
+  assert.equal(next.shards.get(0)!.owner, null);
+});
+
+test("registry - ShardMap.seqOf numbers an offset of a shard's current log as deriveSeq does", () => {
+  const t = bumpEpoch(s0, { cause: "takeover", start_offset: 11, owner: "w" });
+  const map = new ShardMap(applyRecord(EMPTY_REGISTRY, 1, { v: 1, op: "takeover", at: 0, by: "t", shards: [t] }));
+  assert.equal(map.seqOf(0, 10), composeSeq(0, 10));
+  assert.equal(map.seqOf(0, 11), composeSeq(1, 11));
+  assert.equal(map.seqOf(7, 1), undefined, "unknown shard");
+});

@@ -1,0 +1,120 @@
+/**
+ * What a session needs from the rest of the gateway, as narrow interfaces (ports). The gateway
+ * wires them to NATS, Redis and uWS (main.ts); the session tests wire them to in-memory fakes
+ * (test/harness/session-fakes.ts), so every AUTH case runs without a server.
+ */
+import type { Logger } from "pino";
+import type { Config, CursorSigner, Entry, MailboxSeq, Push, RegistryState } from "../protocol/index.js";
+import type { ShardBounds } from "./auth-decision.js";
+import type { DeviceClaims } from "./jwt.js";
+import type { GatewayMetrics } from "./metrics.js";
+
+/** A write-only socket (centrifuge's Transport): the session never reads from it. */
+export interface Transport {
+  /** Queues bytes; false when the socket's buffer is building up. */
+  send(bytes: Uint8Array): boolean;
+  /** Bytes queued and not yet written to the socket. */
+  buffered(): number;
+  close(code: number, reason: string): void;
+}
+
+export type Source = "cache" | "stream";
+
+export interface Watermarks {
+  /** Highest seq per lane. */
+  lanes: Map<string, MailboxSeq>;
+  /** Highest seq over all lanes (0 when none). */
+  head: MailboxSeq;
+  /** The hot cache holds every entry above this seq; undefined when it cannot say. */
+  cacheCompleteAfter: MailboxSeq | undefined;
+  /** Where the figures came from. */
+  from: "redis" | "stream";
+}
+
+export interface ReadOptions {
+  /** Only entries with seq at or below this. */
+  until?: MailboxSeq;
+  /** The user's watermarks, when the caller has them: a covered range is served from the cache. */
+  wm?: Watermarks;
+  limit?: number;
+}
+
+/** The user's mailbox, wherever it is kept (MailboxReader: Redis first, then the shard stream). */
+export interface MailboxSource {
+  watermarks(shard: number, user: string): Promise<Watermarks>;
+  /** The user's head as the cache has it, or undefined: a cheap check, never the stream. */
+  cachedHead(user: string): Promise<MailboxSeq | undefined>;
+  /** Trim watermark and last offset of a shard's stream; `fresh` skips any cache. Throws ShardNotReadyError. */
+  bounds(shard: number, opts?: { fresh?: boolean }): Promise<ShardBounds>;
+  /** The user's entries of `shard` with seq above `after` (whole seqs), oldest first, in pages. */
+  read(shard: number, user: string, after: MailboxSeq, opts?: ReadOptions): AsyncIterable<{ entries: Entry[]; source: Source }>;
+  /** A few entries with seq in (after, before), for a live gap; "too_many" when a read is cheaper. */
+  fill(shard: number, user: string, after: MailboxSeq, before: MailboxSeq): Promise<Entry[] | "too_many">;
+}
+
+/** The registry as this gateway follows it. */
+export interface RegistryView {
+  readonly state: RegistryState;
+  readonly shards: { shardOf(user: string): number | undefined };
+  /** Reads up to the registry's head; rejects when it cannot. */
+  sync(): Promise<unknown>;
+}
+
+export interface PresencePort {
+  claim(user: string, device: string, session: string, at: number): Promise<"claimed" | "superseded">;
+  release(user: string, device: string, session: string, at: number): Promise<void>;
+}
+
+export interface IngressPort {
+  /** Appends an upstream message once per (user, device, cmid). */
+  publish(user: string, device: string, cmid: string, body: Uint8Array): Promise<{ duplicate: boolean }>;
+}
+
+export interface AckPort {
+  store(user: string, device: string, seq: MailboxSeq): Promise<void>;
+}
+
+export interface TokenPort {
+  verify(token: string): Promise<DeviceClaims>;
+}
+
+/** What the hub (the gateway's set of sessions) knows of a session. */
+export interface HubMember {
+  readonly id: string;
+  readonly user: string;
+  readonly device: string;
+  readonly shard: number;
+  readonly authAt: number;
+  close(code: number, reason?: string): void;
+  onPush(push: Push): void;
+  onShardChange(): void;
+  checkTail(): void;
+}
+
+/** The gateway's sessions: fan-out membership, replacement of a device's older session, per-user limits. */
+export interface SessionHub {
+  open(s: HubMember): void;
+  countForUser(user: string): number;
+  /** Joins the user's fan-out; closes an older session of the same device (or this one, if it is older). */
+  add(s: HubMember): void;
+  /** Tracks the session under its (possibly new) shard for registry changes. */
+  watch(s: HubMember): void;
+  remove(s: HubMember): void;
+  /** One frame of this user's budget over all of the user's sessions here. */
+  takeUserToken(user: string, now: number): boolean;
+}
+
+/** Everything a session talks to. */
+export interface SessionPorts {
+  config: Config;
+  log: Logger;
+  metrics: GatewayMetrics;
+  tokens: TokenPort;
+  cursors: CursorSigner;
+  registry: RegistryView;
+  mailbox: MailboxSource;
+  hub: SessionHub;
+  presence: PresencePort;
+  acks: AckPort;
+  ingress: IngressPort;
+}

@@ -1,0 +1,298 @@
+/**
+ * In-memory ports for Session tests: a mailbox of shard logs numbered by a registry the test
+ * controls, a hub that fans pushes out and tells sessions of registry changes, and a transport
+ * that records every frame. No NATS, no Redis: the integration tests cover those.
+ */
+import { pino } from "pino";
+import {
+  ShardMap,
+  applyRecord,
+  cursorSigner,
+  decodeServerFrame,
+  deriveSeq,
+  loadConfig,
+  type Config,
+  type Entry,
+  type MailboxSeq,
+  type Push,
+  type RegistryState,
+  type ServerFrame,
+  type ShardState,
+} from "../../protocol/index.js";
+import type { ShardBounds } from "../../gateway/auth-decision.js";
+import { ShardNotReadyError } from "../../gateway/gather.js";
+import { GatewayMetrics } from "../../gateway/metrics.js";
+import type { HubMember, MailboxSource, ReadOptions, RegistryView, SessionHub, SessionPorts, Source, Transport, Watermarks } from "../../gateway/ports.js";
+import { Session } from "../../gateway/session.js";
+
+interface Stored {
+  offset: number;
+  user: string;
+  lane: string;
+  id: string;
+}
+
+/** The registry as a session sees it; `apply` writes a record and tells the hub. */
+export class FakeRegistry implements RegistryView {
+  state: RegistryState;
+  shards: ShardMap;
+  syncs = 0;
+  syncFails = false;
+  private readonly listeners: (() => void)[] = [];
+
+  constructor(shards: ShardState[]) {
+    this.state = applyRecord({ seq: 0, shards: new Map() }, 1, { v: 1, op: "init", at: 0, by: "test", shards });
+    this.shards = new ShardMap(this.state);
+  }
+
+  apply(shards: ShardState[], op: "takeover" | "split" | "rebuild" = "takeover"): void {
+    this.state = applyRecord(this.state, this.state.seq + 1, { v: 1, op, at: 0, by: "test", shards });
+    this.shards = new ShardMap(this.state);
+    for (const l of this.listeners) l();
+  }
+
+  onChange(l: () => void): void {
+    this.listeners.push(l);
+  }
+
+  async sync(): Promise<void> {
+    this.syncs++;
+    if (this.syncFails) throw new Error("registry unavailable");
+  }
+}
+
+/** Shard logs held in memory; seqs are derived from the registry when read, as the reader does. */
+export class FakeMailbox implements MailboxSource {
+  private readonly logs = new Map<number, Stored[]>();
+  /** Offsets at or below these were removed by retention. */
+  readonly trimmed = new Map<number, number>();
+  /** Shards whose stream does not answer yet (ShardNotReadyError), and how many more calls fail. */
+  readonly notReady = new Map<number, number>();
+  /** Stream reads served, for tests that count them. */
+  reads: { shard: number; after: MailboxSeq }[] = [];
+  private next = 0;
+
+  constructor(private readonly registry: FakeRegistry) {}
+
+  private state(shard: number): ShardState {
+    const s = this.registry.state.shards.get(shard);
+    if (s === undefined) throw new Error(`shard ${shard} unknown`);
+    return s;
+  }
+
+  private check(shard: number): void {
+    const left = this.notReady.get(shard) ?? 0;
+    if (left > 0) {
+      this.notReady.set(shard, left - 1);
+      throw new ShardNotReadyError(shard);
+    }
+  }
+
+  /** Appends one entry of `user` to shard `shard`'s current log; returns it as it will be read. */
+  append(shard: number, user: string, lane = "default"): Entry {
+    const log = this.logs.get(shard) ?? [];
+    this.logs.set(shard, log);
+    const offset = (log.at(-1)?.offset ?? 0) + 1;
+    const stored = { offset, user, lane, id: `m${++this.next}` };
+    log.push(stored);
+    return this.toEntry(shard, stored, null);
+  }
+
+  /** Appends and returns the live push the owning worker would publish (`pa` from the user's previous entry). */
+  appendPush(shard: number, user: string, lane = "default"): Push {
+    const log = this.logs.get(shard) ?? [];
+    const before = log.findLast((x) => x.user === user);
+    const entry = this.append(shard, user, lane);
+    const s = this.state(shard);
+    return { shard, epoch: s.epoch, entry, prevAll: before === undefined ? 0n : deriveSeq(s, s.log, before.offset)! };
+  }
+
+  lastOffset(shard: number): number {
+    return this.logs.get(shard)?.at(-1)?.offset ?? 0;
+  }
+
+  private toEntry(shard: number, x: Stored, prev: MailboxSeq | null): Entry {
+    const s = this.state(shard);
+    return { seq: deriveSeq(s, s.log, x.offset)!, id: x.id, lane: x.lane, prev, ts: 1_700_000_000_000, b: new Uint8Array([1]) };
+  }
+
+  userEntries(shard: number, user: string): Entry[] {
+    const trim = this.trimmed.get(shard) ?? 0;
+    return (this.logs.get(shard) ?? []).filter((x) => x.user === user && x.offset > trim).map((x) => this.toEntry(shard, x, null));
+  }
+
+  async watermarks(shard: number, user: string): Promise<Watermarks> {
+    this.check(shard);
+    const lanes = new Map<string, MailboxSeq>();
+    let head = 0n;
+    for (const e of this.userEntries(shard, user)) {
+      lanes.set(e.lane, e.seq);
+      if (e.seq > head) head = e.seq;
+    }
+    return { lanes, head, cacheCompleteAfter: undefined, from: "redis" };
+  }
+
+  async cachedHead(user: string): Promise<MailboxSeq | undefined> {
+    let head = 0n;
+    for (const shard of this.logs.keys()) for (const e of this.userEntries(shard, user)) if (e.seq > head) head = e.seq;
+    return head;
+  }
+
+  async bounds(shard: number): Promise<ShardBounds> {
+    this.check(shard);
+    const s = this.state(shard);
+    const t = this.trimmed.get(shard) ?? 0;
+    return { trim: t === 0 ? 0n : deriveSeq(s, s.log, t)!, lastOffset: this.lastOffset(shard) };
+  }
+
+  async *read(shard: number, user: string, after: MailboxSeq, opts: ReadOptions = {}): AsyncIterable<{ entries: Entry[]; source: Source }> {
+    this.check(shard);
+    this.reads.push({ shard, after });
+    let got = this.userEntries(shard, user).filter((e) => e.seq > after && (opts.until === undefined || e.seq <= opts.until));
+    if (opts.limit !== undefined) got = got.slice(0, opts.limit);
+    let prev = after;
+    for (const e of got) {
+      e.prev = prev;
+      prev = e.seq;
+    }
+    for (let i = 0; i < got.length; i += 3) yield { entries: got.slice(i, i + 3), source: "stream" };
+  }
+
+  async fill(shard: number, user: string, after: MailboxSeq, before: MailboxSeq): Promise<Entry[] | "too_many"> {
+    this.check(shard);
+    const got = this.userEntries(shard, user).filter((e) => e.seq > after && e.seq < before);
+    return got.length > 32 ? "too_many" : got;
+  }
+}
+
+/** Fan-out and registry changes for the sessions of one test. */
+export class FakeHub implements SessionHub {
+  readonly members = new Set<HubMember>();
+
+  constructor(private readonly registry: FakeRegistry) {
+    registry.onChange(() => {
+      for (const m of this.members) m.onShardChange();
+    });
+  }
+
+  open(): void {}
+  countForUser(user: string): number {
+    return [...this.members].filter((m) => m.user === user).length;
+  }
+  add(s: HubMember): void {
+    this.members.add(s);
+  }
+  watch(): void {}
+  remove(s: HubMember): void {
+    this.members.delete(s);
+  }
+  takeUserToken(): boolean {
+    return true;
+  }
+
+  /** A push on `push.<user>`: stale epochs dropped, as the real hub does. */
+  push(user: string, p: Push): void {
+    const s = this.registry.state.shards.get(p.shard);
+    if (s !== undefined && p.epoch < s.epoch) return;
+    for (const m of this.members) if (m.user === user) m.onPush(p);
+  }
+}
+
+/** A socket that records what the session sends; `buffered` can be set to act as a slow device. */
+export class RecordingTransport implements Transport {
+  readonly frames: ServerFrame[] = [];
+  closed: { code: number; reason: string } | undefined;
+  bufferedBytes = 0;
+  private waiters: (() => void)[] = [];
+
+  send(bytes: Uint8Array): boolean {
+    this.frames.push(decodeServerFrame(bytes));
+    for (const w of this.waiters.splice(0)) w();
+    return true;
+  }
+  buffered(): number {
+    return this.bufferedBytes;
+  }
+  close(code: number, reason: string): void {
+    this.closed = { code, reason };
+    for (const w of this.waiters.splice(0)) w();
+  }
+
+  /** Waits (bounded) until `pred` holds over the frames so far. */
+  async until(pred: (frames: ServerFrame[]) => boolean, what: string, ms = 2000): Promise<void> {
+    const end = Date.now() + ms;
+    while (!pred(this.frames)) {
+      if (Date.now() > end) throw new Error(`timed out waiting for ${what}; frames: ${this.frames.map((f) => f.t + ("code" in f ? `:${f.code}` : "")).join(", ")}${this.closed ? `; closed ${this.closed.code}` : ""}`);
+      await new Promise<void>((r) => {
+        this.waiters.push(r);
+        setTimeout(r, 20);
+      });
+    }
+  }
+
+  of<T extends ServerFrame["t"]>(t: T): Extract<ServerFrame, { t: T }>[] {
+    return this.frames.filter((f): f is Extract<ServerFrame, { t: T }> => f.t === t);
+  }
+
+  /** Seqs of every entry in MSGS frames that are not PULL replies, in order. */
+  liveSeqs(): MailboxSeq[] {
+    return this.of("MSGS").filter((f) => f.id === undefined).flatMap((f) => f.e.map((e) => e.seq));
+  }
+}
+
+export const CURSOR_KEY = new Uint8Array(32).fill(7);
+
+export interface SessionRig {
+  registry: FakeRegistry;
+  mailbox: FakeMailbox;
+  hub: FakeHub;
+  ports: SessionPorts;
+  acks: { user: string; device: string; seq: MailboxSeq }[];
+  sent: { user: string; cmid: string }[];
+  /** A new session on a recording transport. */
+  connect(id?: string): { session: Session; t: RecordingTransport };
+}
+
+/** Ports over in-memory fakes; tokens are "<user>" (any other shape, e.g. "bad", is refused). */
+export function sessionRig(shards: ShardState[], env: Record<string, string> = {}): SessionRig {
+  const registry = new FakeRegistry(shards);
+  const mailbox = new FakeMailbox(registry);
+  const hub = new FakeHub(registry);
+  const acks: SessionRig["acks"] = [];
+  const sent: SessionRig["sent"] = [];
+  const config: Config = loadConfig({ JETGATE_ENV: "development", JETGATE_AUTH_TIMEOUT_MS: "2000", ...env });
+  const ports: SessionPorts = {
+    config,
+    log: pino({ level: "silent" }),
+    metrics: new GatewayMetrics(),
+    tokens: {
+      verify: async (token) => {
+        if (!/^[a-z0-9]+$/.test(token)) throw new Error("token refused");
+        return { user: token, device: undefined, expiresAt: Date.now() + 3_600_000 };
+      },
+    },
+    cursors: cursorSigner([CURSOR_KEY]),
+    registry,
+    mailbox,
+    hub,
+    presence: { claim: async () => "claimed", release: async () => undefined },
+    acks: { store: async (user, device, seq) => void acks.push({ user, device, seq }) },
+    ingress: {
+      publish: async (user, _device, cmid) => {
+        const dup = sent.some((x) => x.user === user && x.cmid === cmid);
+        sent.push({ user, cmid });
+        return { duplicate: dup };
+      },
+    },
+  };
+  let n = 0;
+  return {
+    registry, mailbox, hub, ports, acks, sent,
+    connect(id = `s${++n}`) {
+      const t = new RecordingTransport();
+      const session = new Session(id, t, ports);
+      hub.open();
+      return { session, t };
+    },
+  };
+}

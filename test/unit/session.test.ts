@@ -1,0 +1,319 @@
+/**
+ * Session in memory: every cursor case answered through the ports, with a recording transport.
+ * What needs real servers (uWS, NATS reads, Redis caches) is in test/integration/.
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import {
+  CloseCode,
+  ErrorCode,
+  bumpEpoch,
+  composeSeq,
+  encodeFrame,
+  halfRange,
+  initialShards,
+  splitShard,
+  userHash,
+  type ClientFrame,
+  type DeviceCursor,
+  type ErrorFrame,
+  type MailboxSeq,
+  type ShardState,
+} from "../../protocol/index.js";
+import type { Session } from "../../gateway/session.js";
+import { CURSOR_KEY, sessionRig, type RecordingTransport, type SessionRig } from "../harness/session-fakes.js";
+import { cursorSigner } from "../../protocol/index.js";
+
+const U = "alice"; // userHash("alice") = 0x2bd806c9: shard 0 of 2
+const signer = cursorSigner([CURSOR_KEY]);
+
+function rig(env: Record<string, string> = {}): SessionRig {
+  return sessionRig(initialShards(2, ["logA", "logZ"]), env);
+}
+
+function frame(s: Session, f: ClientFrame): void {
+  s.onFrame(encodeFrame(f), true);
+}
+
+/** A cursor the gateway would have signed for shard `shard` at (epoch, log), holding `seq`. */
+function cursor(shard: number, epoch: number, log: string, seq: MailboxSeq): DeviceCursor {
+  return { ...signer.sign(U, shard, epoch, log), seq };
+}
+
+async function auth(r: SessionRig, c?: DeviceCursor, extra: Partial<Extract<ClientFrame, { t: "AUTH" }>> = {}): Promise<{ s: Session; t: RecordingTransport }> {
+  const { session, t } = r.connect();
+  frame(session, { t: "AUTH", v: 1, token: U, device: "d1", ...(c ? { cursor: c } : {}), ...extra });
+  await t.until((f) => f.some((x) => x.t === "SYNCED") || t.closed !== undefined, "SYNCED");
+  return { s: session, t };
+}
+
+async function regressions(r: SessionRig): Promise<number> {
+  return (await r.ports.metrics.regressions.get()).values.find((v) => v.labels.component === "gateway")?.value ?? 0;
+}
+
+function errorOf(t: RecordingTransport, code: string): ErrorFrame | undefined {
+  return t.of("ERROR").find((e) => e.code === code);
+}
+
+function shard(r: SessionRig, id: number): ShardState {
+  return r.registry.state.shards.get(id)!;
+}
+
+/** Splits `parent` so that alice moves to `child` (a new log), cut at the parent's last offset. */
+function splitForAlice(r: SessionRig, parent: number, child: number): void {
+  const p = shard(r, parent);
+  const mid = p.range.lo + Math.floor((p.range.hi - p.range.lo) / 2);
+  const moved = halfRange(p.range, userHash(U) > mid);
+  r.registry.apply(splitShard(p, { child, childLog: `log${child}`, moved, cutOffset: r.mailbox.lastOffset(parent) }), "split");
+}
+
+test("session - fresh device: AUTH_OK from 0, every entry, SYNCED, then live pushes", async () => {
+  const r = rig();
+  for (let i = 0; i < 5; i++) r.mailbox.append(0, U);
+  r.mailbox.append(0, "bob"); // another user's entry in the same shard is never sent
+  const { t } = await auth(r);
+  const ok = t.of("AUTH_OK")[0]!;
+  assert.deepEqual([ok.from, ok.shard, ok.epoch, ok.cursor.log], [0n, 0, 0, "logA"]);
+  assert.deepEqual(t.liveSeqs(), [1n, 2n, 3n, 4n, 5n].map((o) => composeSeq(0, o)));
+  assert.equal(t.of("SYNCED")[0]!.seq, composeSeq(0, 5));
+  const p = r.mailbox.appendPush(0, U);
+  r.hub.push(U, p);
+  await t.until(() => t.liveSeqs().length === 6, "the live push");
+  assert.equal(t.liveSeqs()[5], p.entry.seq);
+  assert.equal(t.of("ERROR").length, 0);
+});
+
+test("session - normal cursor: catch-up strictly after it, no ERROR frame", async () => {
+  const r = rig();
+  for (let i = 0; i < 6; i++) r.mailbox.append(0, U);
+  const { t } = await auth(r, cursor(0, 0, "logA", composeSeq(0, 4)));
+  assert.equal(t.of("ERROR").length, 0);
+  assert.equal(t.of("AUTH_OK")[0]!.from, composeSeq(0, 4));
+  assert.deepEqual(t.liveSeqs(), [composeSeq(0, 5), composeSeq(0, 6)]);
+});
+
+test("session - rebased on the same log (E1): the cursor's offset in today's numbering, nothing repeated", async () => {
+  const r = rig();
+  for (let i = 0; i < 6; i++) r.mailbox.append(0, U);
+  r.registry.apply([bumpEpoch(shard(r, 0), { cause: "takeover", start_offset: 4 })]);
+  const { t } = await auth(r, cursor(0, 0, "logA", composeSeq(0, 5)));
+  const e = errorOf(t, ErrorCode.CURSOR_REBASED)!;
+  assert.equal(e.fatal, false);
+  assert.equal(e.replay_from_seq, composeSeq(1, 5));
+  assert.deepEqual([e.new_cursor!.epoch, e.new_cursor!.log], [1, "logA"]);
+  assert.deepEqual(t.liveSeqs(), [composeSeq(1, 6)], "offset 6 only: 4 and 5 were the device's already");
+  assert.equal(t.frames.findIndex((f) => f.t === "ERROR") < t.frames.findIndex((f) => f.t === "AUTH_OK"), true, "the ERROR comes before AUTH_OK");
+});
+
+test("session - rebased onto a new log (E3): the whole new log is replayed, never below the cursor", async () => {
+  const r = rig();
+  for (let i = 0; i < 3; i++) r.mailbox.append(0, U);
+  r.registry.apply([bumpEpoch(shard(r, 0), { cause: "rebuild", log: "logB", start_offset: 4, prev_end_offset: 3 })], "rebuild");
+  r.mailbox.append(0, U); // offset 4, the new log's first
+  const { t } = await auth(r, cursor(0, 0, "logA", composeSeq(0, 3)));
+  const e = errorOf(t, ErrorCode.CURSOR_REBASED)!;
+  assert.equal(e.replay_from_seq, composeSeq(1, 3));
+  assert.equal(e.new_cursor!.log, "logB");
+  assert.deepEqual(t.liveSeqs(), [composeSeq(1, 4)]);
+});
+
+test("session - split with one, two and three hops: each old range in order, then the new shard", async () => {
+  for (const n of [1, 2, 3]) {
+    const r = rig();
+    const sent: MailboxSeq[] = [];
+    r.mailbox.append(0, U);
+    const dev = cursor(0, 0, "logA", composeSeq(0, 1));
+    let from = 0;
+    for (let i = 0; i < n; i++) {
+      for (let k = 0; k < 2; k++) sent.push(r.mailbox.append(from, U).seq);
+      splitForAlice(r, from, 2 + i);
+      from = 2 + i;
+    }
+    for (let k = 0; k < 2; k++) sent.push(r.mailbox.append(from, U).seq);
+    const { t } = await auth(r, dev);
+    const e = errorOf(t, ErrorCode.CURSOR_REBASED)!;
+    assert.equal(e.old_ranges!.length, n, `${n} hops`);
+    assert.deepEqual(e.old_ranges!.map((x) => x.shard), [0, 2, 3].slice(0, n));
+    assert.deepEqual(e.old_range, e.old_ranges![0], "old SDKs still get the first hop");
+    for (const x of e.old_ranges!) assert.equal(signer.verify(U, x.cursor!), true, "each hop carries its shard's token");
+    assert.equal(e.new_cursor!.shard, from);
+    assert.deepEqual(t.liveSeqs(), sent, `every entry once, rising, over ${n} hops`);
+    assert.deepEqual(t.of("MSGS").filter((f) => f.e.length > 0).map((f) => f.shard), [...new Set(t.of("MSGS").filter((f) => f.e.length > 0).map((f) => f.shard))], "one shard after the other");
+    assert.equal(await regressions(r), 0);
+  }
+});
+
+test("session - expired in the shard and in a split's parent: CURSOR_EXPIRED, then from the head", async () => {
+  const r = rig();
+  for (let i = 0; i < 6; i++) r.mailbox.append(0, U);
+  r.mailbox.trimmed.set(0, 4);
+  let { t } = await auth(r, cursor(0, 0, "logA", composeSeq(0, 2)));
+  let e = errorOf(t, ErrorCode.CURSOR_EXPIRED)!;
+  assert.deepEqual([e.trim_watermark, e.rebuild_required], [composeSeq(0, 4), true]);
+  assert.equal(t.of("AUTH_OK")[0]!.from, composeSeq(0, 6));
+  assert.deepEqual(t.liveSeqs(), []);
+  // the parent's retention after a split: the parent's trim is read, not taken as 0
+  splitForAlice(r, 0, 2);
+  r.mailbox.append(2, U);
+  ({ t } = await auth(r, cursor(0, 0, "logA", composeSeq(0, 2))));
+  e = errorOf(t, ErrorCode.CURSOR_EXPIRED)!;
+  assert.match(e.msg, /shard 0/);
+  assert.equal(errorOf(t, ErrorCode.CURSOR_REBASED), undefined);
+});
+
+test("session - invalid cursors: a bad signature, mixed coordinates, a cursor from the future; each a fresh start from 0", async () => {
+  const r = rig();
+  for (let i = 0; i < 4; i++) r.mailbox.append(0, U);
+  r.registry.apply([bumpEpoch(shard(r, 0), { cause: "takeover", start_offset: 3 })]);
+  const cases: [DeviceCursor, RegExp][] = [
+    [{ ...cursor(0, 1, "logA", composeSeq(1, 3)), sig: new Uint8Array(16) }, /signature/],
+    [cursor(0, 1, "logA", composeSeq(0, 4)), /numbers/], // epoch 0's seq at an offset epoch 1 numbers
+    [cursor(0, 1, "logA", composeSeq(1, 9)), /never produced/], // offset 9 was never written
+  ];
+  for (const [c, why] of cases) {
+    const { t } = await auth(r, c);
+    const e = errorOf(t, ErrorCode.CURSOR_INVALID)!;
+    assert.match(e.msg, why);
+    assert.equal(t.of("AUTH_OK")[0]!.from, 0n);
+    assert.equal(t.liveSeqs().length, 4, "everything retained, so the device loses nothing");
+  }
+});
+
+test("session - a cursor from the future: entries appended next are delivered, not dropped as duplicates", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  const { s, t } = await auth(r, cursor(0, 0, "logA", composeSeq(0, 50)));
+  assert.ok(errorOf(t, ErrorCode.CURSOR_INVALID));
+  const p = r.mailbox.appendPush(0, U);
+  r.hub.push(U, p);
+  await t.until(() => t.liveSeqs().includes(p.entry.seq), "the next entry");
+  assert.equal(s.state.type, "live");
+});
+
+test("session - catch-up merged with live pushes: held while syncing, sent once after, in order", async () => {
+  const r = rig();
+  for (let i = 0; i < 9; i++) r.mailbox.append(0, U);
+  const { session, t } = r.connect();
+  frame(session, { t: "AUTH", v: 1, token: U, device: "d1" });
+  // pushes land while the catch-up runs: one already in the catch-up's range, two after it
+  await t.until((f) => f.some((x) => x.t === "AUTH_OK"), "AUTH_OK");
+  const p1 = r.mailbox.appendPush(0, U);
+  const p2 = r.mailbox.appendPush(0, U);
+  r.hub.push(U, p1);
+  r.hub.push(U, p2);
+  r.hub.push(U, p1); // a repeat
+  await t.until(() => t.liveSeqs().includes(p2.entry.seq), "both pushes");
+  const seqs = t.liveSeqs();
+  assert.deepEqual(seqs, [...seqs].sort((a, b) => (a < b ? -1 : 1)));
+  assert.equal(new Set(seqs).size, seqs.length, "no entry twice");
+  assert.equal(seqs.length, 11);
+});
+
+test("session - a push after a lost one: the gap is filled from the mailbox first", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  const { t } = await auth(r);
+  const lost = r.mailbox.appendPush(0, U);
+  const next = r.mailbox.appendPush(0, U);
+  r.hub.push(U, next);
+  await t.until(() => t.liveSeqs().includes(next.entry.seq), "the push after the gap");
+  assert.deepEqual(t.liveSeqs().slice(-2), [lost.entry.seq, next.entry.seq]);
+  assert.equal(await r.ports.metrics.gapFills.get().then((m) => m.values[0]!.value), 1);
+});
+
+test("session - more pushes than it holds while syncing: the mailbox is read again, nothing lost", async () => {
+  const r = rig();
+  const { session, t } = r.connect();
+  frame(session, { t: "AUTH", v: 1, token: U, device: "d1" });
+  const pushes = Array.from({ length: 10_050 }, () => r.mailbox.appendPush(0, U));
+  for (const p of pushes) r.hub.push(U, p);
+  await t.until((f) => f.some((x) => x.t === "SYNCED"), "SYNCED", 10_000);
+  assert.equal(t.liveSeqs().length, 10_050);
+  assert.equal(new Set(t.liveSeqs()).size, 10_050);
+});
+
+test("session - PULL: pages by lane; an unknown lane is an error, not an empty page; after a parent seq reads the parent's rest", async () => {
+  const r = rig({ JETGATE_LANES: "default,chat" });
+  r.mailbox.append(0, U, "chat");
+  r.mailbox.append(0, U, "default");
+  r.mailbox.append(0, U, "chat");
+  const { s, t } = await auth(r);
+  frame(s, { t: "PULL", id: 7, after: 0n, limit: 1, lane: "chat" });
+  await t.until(() => t.of("MSGS").some((f) => f.id === 7), "PULL 7");
+  const page = t.of("MSGS").find((f) => f.id === 7)!;
+  assert.deepEqual([page.e.map((e) => e.lane), page.more], [["chat"], true]);
+  frame(s, { t: "PULL", id: 8, after: 0n, limit: 5, lane: "nope" });
+  await t.until(() => t.of("ERROR").some((e) => e.id === 8), "PULL 8 refused");
+  assert.equal(t.of("ERROR").find((e) => e.id === 8)!.code, ErrorCode.BAD_REQUEST);
+  assert.equal(t.closed, undefined, "not fatal");
+  // moved by a split: PULL after the last parent seq it had reads the parent's rest, then the child
+  splitForAlice(r, 0, 2);
+  const childEntry = r.mailbox.append(2, U, "chat");
+  await t.until(() => t.of("ERROR").some((e) => e.code === ErrorCode.CURSOR_REBASED), "mid-session rebase");
+  frame(s, { t: "PULL", id: 9, after: composeSeq(0, 1), limit: 10 });
+  await t.until(() => t.of("MSGS").some((f) => f.id === 9), "PULL 9");
+  assert.deepEqual(t.of("MSGS").find((f) => f.id === 9)!.e.map((e) => e.seq), [composeSeq(0, 2), composeSeq(0, 3), childEntry.seq]);
+});
+
+test("session - ACK: stored up to what was sent; beyond it refused with BAD_REQUEST and not stored", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  r.mailbox.append(0, U);
+  const { s, t } = await auth(r);
+  frame(s, { t: "ACK", seq: composeSeq(0, 9) });
+  await t.until(() => t.of("ERROR").some((e) => e.code === ErrorCode.BAD_REQUEST), "ACK refused");
+  frame(s, { t: "ACK", seq: composeSeq(0, 2) });
+  s.close(CloseCode.GOING_AWAY);
+  assert.deepEqual(r.acks, [{ user: U, device: "d1", seq: composeSeq(0, 2) }]);
+});
+
+test("session - a slow consumer is closed with 4408", async () => {
+  const r = rig({ JETGATE_MAX_BACKPRESSURE: "65536" });
+  r.mailbox.append(0, U);
+  const { session, t } = r.connect();
+  t.bufferedBytes = 100_000;
+  frame(session, { t: "AUTH", v: 1, token: U, device: "d1" });
+  await t.until(() => t.closed !== undefined, "the close");
+  assert.equal(t.closed!.code, CloseCode.SLOW_CONSUMER);
+});
+
+test("session - a registry ahead of the streams (a split's child not answering yet): retried, then CURSOR_REBASED, never 4500", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  const { s, t } = await auth(r);
+  r.mailbox.notReady.set(2, 3);
+  splitForAlice(r, 0, 2);
+  await t.until(() => t.of("ERROR").some((e) => e.code === ErrorCode.CURSOR_REBASED), "the rebase", 5000);
+  assert.equal(t.closed, undefined);
+  assert.equal(s.shard, 2);
+  // never ready: the device is told to come back (UNAVAILABLE, 4503), not an internal error
+  const r2 = rig();
+  r2.mailbox.notReady.set(0, 1_000);
+  const { session, t: t2 } = r2.connect();
+  frame(session, { t: "AUTH", v: 1, token: U, device: "d1" });
+  await t2.until(() => t2.closed !== undefined, "the close", 15_000);
+  assert.deepEqual([t2.closed!.code, t2.of("ERROR")[0]!.code, typeof t2.of("ERROR")[0]!.retry_ms], [CloseCode.UNAVAILABLE, ErrorCode.UNAVAILABLE, "number"]);
+});
+
+test("session - mid-session rebases across two splits: each hop in order, no entry lost or repeated", async () => {
+  const r = rig();
+  const want: MailboxSeq[] = [r.mailbox.append(0, U).seq];
+  const { t } = await auth(r);
+  splitForAlice(r, 0, 2);
+  await t.until(() => t.of("ERROR").filter((e) => e.code === ErrorCode.CURSOR_REBASED).length === 1, "first rebase");
+  for (let i = 0; i < 2; i++) {
+    const p = r.mailbox.appendPush(2, U);
+    want.push(p.entry.seq);
+    r.hub.push(U, p);
+  }
+  await t.until(() => t.liveSeqs().length === 3, "child entries");
+  splitForAlice(r, 2, 3);
+  await t.until(() => t.of("ERROR").filter((e) => e.code === ErrorCode.CURSOR_REBASED).length === 2, "second rebase");
+  const p = r.mailbox.appendPush(3, U);
+  want.push(p.entry.seq);
+  r.hub.push(U, p);
+  await t.until(() => t.liveSeqs().length === 4, "grandchild entry");
+  assert.deepEqual(t.liveSeqs(), want);
+  const rebases = t.of("ERROR").filter((e) => e.code === ErrorCode.CURSOR_REBASED);
+  assert.deepEqual(rebases.map((e) => e.new_cursor!.shard), [2, 3]);
+});
