@@ -19,6 +19,9 @@ import {
   decodeServerFrame,
   encodeFrame,
   shouldReconnect,
+  DEFAULT_BACKOFF,
+  reconnectDelay,
+  type BackoffOptions,
   type ClientFrame,
   type CursorToken,
   type DeviceCursor,
@@ -28,7 +31,6 @@ import {
   type OldRange,
   type ServerFrame,
 } from "../protocol/device.js";
-import { DEFAULT_BACKOFF, reconnectDelay, type BackoffOptions } from "./backoff.js";
 import { MemoryCursorStore, type CursorStore } from "./cursor-store.js";
 import { RecentIds } from "./dedup.js";
 

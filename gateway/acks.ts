@@ -1,11 +1,6 @@
 /** Cumulative ACKs per device in Redis, upward only (a late or replayed ACK never lowers it). */
-import { seqKey, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
+import { ACK_STORE_LUA, seqKey, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
 
-const STORE_LUA = `
-local cur = redis.call('GET', KEYS[1])
-if (not cur) or cur < ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) return 1 end
-return 0
-`;
 
 type AckClient = RedisClient & { jgAckStore(key: string, seq20: string, ttl: number): Promise<number> };
 
@@ -17,7 +12,7 @@ export class AckStore {
     private readonly keys: RedisKeys,
     private readonly ttlS: number,
   ) {
-    redis.defineCommand("jgAckStore", { numberOfKeys: 1, lua: STORE_LUA });
+    redis.defineCommand("jgAckStore", { numberOfKeys: 1, lua: ACK_STORE_LUA });
     this.redis = redis as AckClient;
   }
 

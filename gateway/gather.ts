@@ -7,7 +7,7 @@
  * never an internal error: the reads are retried for a while, then the device is told to come back
  * (UNAVAILABLE, 4503) rather than dropped with 4500.
  */
-import { JetgateError, type RegistryState } from "../protocol/index.js";
+import { JetgateError, backoffCeiling, type RegistryState } from "../protocol/index.js";
 import { decideAuth, type AuthDecision, type AuthInput, type CursorIn, type ShardBounds } from "./auth-decision.js";
 import { shardsInvolved } from "./positions.js";
 import type { MailboxSource, RegistryView, Watermarks } from "./ports.js";
@@ -40,13 +40,15 @@ export interface Gathered {
   view: RegistryState;
 }
 
-/** Delays between attempts while a shard is not ready: about 6 s in all. */
-const NOT_READY_DELAYS_MS = [100, 200, 400, 800, 1500, 3000];
+/** Waits between attempts while a shard is not ready: 100 ms doubling to 3 s, six of them (about 6 s in all). */
+const NOT_READY_BACKOFF = { baseMs: 100, capMs: 3000 };
+const NOT_READY_ATTEMPTS = 6;
 
 export interface GatherOptions {
   fresh?: boolean;
   closed?: () => boolean;
-  delaysMs?: readonly number[];
+  /** Waits while a shard is not ready (default: NOT_READY_ATTEMPTS of NOT_READY_BACKOFF). */
+  retries?: number;
   /** Test-only (JETGATE_FAULT_AUTH_PAUSE_MS): a wait between taking the view and the reads. */
   pauseMs?: number;
 }
@@ -72,16 +74,16 @@ export async function gather(
   cursor: CursorIn | undefined,
   opts: GatherOptions = {},
 ): Promise<Gathered> {
-  const delays = opts.delaysMs ?? NOT_READY_DELAYS_MS;
+  const retries = opts.retries ?? NOT_READY_ATTEMPTS;
   for (let attempt = 0; ; attempt++) {
     try {
       return await gatherOnce(registry, mailbox, user, cursor, opts);
     } catch (err) {
       if (!(err instanceof ShardNotReadyError)) throw err;
-      if (attempt >= delays.length || opts.closed?.() === true) {
+      if (attempt >= retries || opts.closed?.() === true) {
         throw new UnavailableError(`${err.message}; reconnect later`, 2000, { cause: err });
       }
-      await new Promise((r) => setTimeout(r, delays[attempt]));
+      await new Promise((r) => setTimeout(r, backoffCeiling(attempt, NOT_READY_BACKOFF)));
     }
   }
 }

@@ -17,13 +17,18 @@ import {
   decodeStoredEntry,
   deriveSeq,
   parseEntrySubject,
-  seqEpoch,
   seqKey,
   seqOffset,
   shardStream,
   userSubjects,
   entrySubject,
   isNotFound,
+  cacheStreamId,
+  parseCacheRow,
+  readerConsumerName,
+  CACHE_COMPLETE_AFTER,
+  RAISE_WATERMARK_LUA,
+  WATERMARK_ALL,
   type Entry,
   type MailboxSeq,
   type RedisClient,
@@ -36,15 +41,6 @@ import { ShardNotReadyError } from "./gather.js";
 import type { MailboxSource, ReadOptions, Source, Watermarks } from "./ports.js";
 import { firstOffsetAbove } from "./positions.js";
 
-/** Upward-only write-back of a lane watermark rebuilt from the stream. */
-const RAISE_LUA = `
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if (not cur) or cur < ARGV[2] then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
-local all = redis.call('HGET', KEYS[1], '_all')
-if (not all) or all < ARGV[2] then redis.call('HSET', KEYS[1], '_all', ARGV[2]) end
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return 1
-`;
 type RaiseClient = RedisClient & { jgRaiseWatermark(key: string, lane: string, seq20: string, ttl: number): Promise<number> };
 
 /**
@@ -95,7 +91,7 @@ export class MailboxReader implements MailboxSource {
     private readonly watermarkTtlS: number,
   ) {
     this.js = jetstream(nc);
-    redis.defineCommand("jgRaiseWatermark", { numberOfKeys: 1, lua: RAISE_LUA });
+    redis.defineCommand("jgRaiseWatermark", { numberOfKeys: 1, lua: RAISE_WATERMARK_LUA });
   }
 
   private async manager(): Promise<JetStreamManager> {
@@ -146,7 +142,7 @@ export class MailboxReader implements MailboxSource {
 
   /** The user's head as Redis has it (`_all`), or undefined: a cheap check, never the stream. */
   async cachedHead(user: string): Promise<MailboxSeq | undefined> {
-    const v = await this.redis.hget(this.keys.watermarks(user), "_all");
+    const v = await this.redis.hget(this.keys.watermarks(user), WATERMARK_ALL);
     return v !== null && /^\d{1,20}$/.test(v) ? BigInt(v) : undefined;
   }
 
@@ -159,8 +155,8 @@ export class MailboxReader implements MailboxSource {
     let any = false;
     for (const [k, v] of Object.entries(h)) {
       if (!/^\d{1,20}$/.test(v)) continue;
-      if (k === "_all") head = BigInt(v) > head ? BigInt(v) : head;
-      else if (k === "_ca") ca = BigInt(v);
+      if (k === WATERMARK_ALL) head = BigInt(v) > head ? BigInt(v) : head;
+      else if (k === CACHE_COMPLETE_AFTER) ca = BigInt(v);
       else {
         lanes.set(k, BigInt(v));
         any = true;
@@ -238,24 +234,18 @@ export class MailboxReader implements MailboxSource {
    * and whose XADDs may have failed behind each other) means the cache cannot say: the stream can.
    */
   private async readCache(shard: number, user: string, after: MailboxSeq, verified: MailboxSeq, until: MailboxSeq | undefined, limit: number): Promise<Entry[] | undefined> {
-    const start = `(${seqEpoch(after)}-${seqOffset(after)}`;
-    const end = until === undefined ? "+" : `${seqEpoch(until)}-${seqOffset(until)}`;
+    const start = `(${cacheStreamId(after)}`;
+    const end = until === undefined ? "+" : cacheStreamId(until);
     const rows = await this.redis.xrangeBuffer(this.keys.hotCache(user), start, end, "COUNT", Math.min(limit, 100_000));
     // The cache may have been trimmed or flushed between reading `_ca` and here: check it again
     // (`verified`: the point up to which the stream was seen to hold nothing the cache lacks).
-    const ca = await this.redis.hget(this.keys.watermarks(user), "_ca");
+    const ca = await this.redis.hget(this.keys.watermarks(user), CACHE_COMPLETE_AFTER);
     if (ca === null || BigInt(ca) > verified) return undefined;
     const out: Entry[] = [];
     for (const [, f] of rows) {
-      const field = (name: string): Buffer | undefined => {
-        for (let i = 0; i + 1 < f.length; i += 2) if (f[i]!.toString() === name) return f[i + 1];
-        return undefined;
-      };
-      const s = field("s");
-      const e = field("e");
-      const l = field("l");
-      if (s === undefined || e === undefined || l === undefined || field("h")?.toString() !== String(shard)) return undefined;
-      out.push(decodeCacheRecord(s.toString(), field("p")?.toString() ?? "", l.toString(), e));
+      const row = parseCacheRow(f);
+      if (row === undefined || row.shard !== String(shard)) return undefined;
+      out.push(decodeCacheRecord(row.seq, row.prev, row.lane, row.entry));
     }
     return out;
   }
@@ -277,7 +267,7 @@ export class MailboxReader implements MailboxSource {
     const s = this.shard(shard);
     const jsm = await this.manager();
     const stream = shardStream(shard);
-    const name = `rd_${randomBytes(6).toString("hex")}`;
+    const name = readerConsumerName(randomBytes(6).toString("hex"));
     await this.streamReads.acquire();
     let created;
     let consumer;

@@ -9,21 +9,8 @@
  * until it reconnects; sessions of one device on one gateway are always replaced.
  */
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import type { RedisClient, RedisKeys } from "../protocol/index.js";
+import { PRESENCE_CLAIM_LUA, PRESENCE_RELEASE_LUA, type RedisClient, type RedisKeys } from "../protocol/index.js";
 
-const CLAIM_LUA = `
-local prev = redis.call('GET', KEYS[1])
-if prev then
-  local at = tonumber(string.match(prev, '/(%d+)$'))
-  if at and at > tonumber(ARGV[3]) then return {0, prev} end
-end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-return {1, prev or ''}
-`;
-const RELEASE_LUA = `
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-`;
 
 type PresenceClient = RedisClient & {
   jgPresenceClaim(key: string, value: string, ttl: number, at: number): Promise<[number, string]>;
@@ -48,8 +35,8 @@ export class Presence {
     private readonly onKick: (k: Kick) => void,
     private readonly ttlS = 86_400,
   ) {
-    redis.defineCommand("jgPresenceClaim", { numberOfKeys: 1, lua: CLAIM_LUA });
-    redis.defineCommand("jgPresenceRelease", { numberOfKeys: 1, lua: RELEASE_LUA });
+    redis.defineCommand("jgPresenceClaim", { numberOfKeys: 1, lua: PRESENCE_CLAIM_LUA });
+    redis.defineCommand("jgPresenceRelease", { numberOfKeys: 1, lua: PRESENCE_RELEASE_LUA });
     this.redis = redis as PresenceClient;
   }
 

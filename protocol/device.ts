@@ -3,6 +3,7 @@
  * codes). No node: imports and no server dependencies; the device SDK imports only this.
  */
 export * from "./errors.js";
+export * from "./backoff.js";
 export * from "./seq.js";
 export * from "./ids.js";
 export * from "./frames.js";

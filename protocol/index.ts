@@ -1,5 +1,12 @@
-/** protocol/: the contract every tier shares. Tiers import from here, never from each other. */
+/**
+ * protocol/: the contract every tier shares. Tiers import from here, never from each other.
+ * The files at the root are the pure contract (frames, codec, seq math, ids and subjects, cursor
+ * tokens, config, the registry model, the data layout); `io/` holds the shared I/O helpers that
+ * talk to NATS, Redis and the process (connections, stream set-up, the registry client, the
+ * dispatcher, signal handling).
+ */
 export * from "./errors.js";
+export * from "./backoff.js";
 export * from "./seq.js";
 export * from "./ids.js";
 export * from "./subjects.js";
@@ -10,10 +17,10 @@ export * from "./cursor.js";
 export * from "./config.js";
 export * from "./hash.js";
 export * from "./registry-model.js";
-export * from "./registry-client.js";
-export * from "./streams.js";
+export * from "./io/registry-client.js";
+export * from "./io/streams.js";
 export * from "./entry.js";
-export * from "./dispatch.js";
-export * from "./connect.js";
-export * from "./keys.js";
-export * from "./process.js";
+export * from "./io/dispatch.js";
+export * from "./io/connect.js";
+export * from "./layout.js";
+export * from "./io/process.js";

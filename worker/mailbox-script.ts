@@ -22,40 +22,8 @@
  * none can contain `|`) and the cache body as a second: ioredis spends about 1.5 us of CPU per
  * argument, so 2 arguments instead of 10 is most of the worker's Redis cost (bench/README.md).
  */
-import type { RedisClient } from "../protocol/index.js";
+import { APPLY_ENTRY_LUA, type RedisClient } from "../protocol/index.js";
 
-const APPLY_ENTRY_LUA = `
-local a = {}
-for x in string.gmatch(ARGV[1], '[^|]+') do a[#a + 1] = x end
--- a: 1 token, 2 dedup ttl, 3 lane, 4 seq, 5 stream id, 6 cache maxlen, 7 cache ttl, 8 watermark ttl, 9 seq - 1, 10 shard
-local token = a[1]
-local first = 1
-if not redis.call('SET', KEYS[1], token, 'NX', 'EX', a[2]) then
-  if redis.call('GET', KEYS[1]) ~= token then first = 0 end
-end
-local seq = a[4]
-local prev = redis.call('HGET', KEYS[2], a[3])
-if (not prev) or prev < seq then redis.call('HSET', KEYS[2], a[3], seq) end
-local prevAll = redis.call('HGET', KEYS[2], '_all')
-if (not prevAll) or prevAll < seq then redis.call('HSET', KEYS[2], '_all', seq) end
-local maxlen = tonumber(a[6])
-if maxlen > 0 then
-  local len = redis.call('XLEN', KEYS[3])
-  if len == 0 then
-    -- (re)created: complete after the user's previous seq when known, else just before this entry
-    redis.call('HSET', KEYS[2], '_ca', prevAll or a[9])
-  elseif len >= maxlen or redis.call('HEXISTS', KEYS[2], '_ca') == 0 then
-    -- trimming the oldest (or the hash was lost): complete after the oldest entry kept so far
-    -- (field 2 of a record is its seq: fields are s, seq, p, prev, l, lane, e, body, h, shard)
-    local oldest = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)
-    redis.call('HSET', KEYS[2], '_ca', oldest[1][2][2])
-  end
-  redis.pcall('XADD', KEYS[3], 'MAXLEN', maxlen, a[5], 's', seq, 'p', prev or '', 'l', a[3], 'e', ARGV[2], 'h', a[10])
-  redis.call('EXPIRE', KEYS[3], a[7])
-end
-redis.call('EXPIRE', KEYS[2], a[8])
-return {first, prev, prevAll}
-`;
 
 export interface ApplyEntryArgs {
   dedupKey: string;

@@ -13,6 +13,7 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager, type JetStreamManager, type StreamInfo } from "@nats-io/jetstream";
 import {
+  isWorkerConsumer,
   JetgateError,
   RegistryClient,
   bumpEpoch,
@@ -48,7 +49,6 @@ export interface OpsContext {
   out: (line: string) => void;
 }
 
-const CONSUMER_PREFIX = "w_";
 
 /** Where the shard's stream copy waits while the stream is recreated. */
 export function rebuildHoldStream(shard: number): string {
@@ -88,7 +88,7 @@ async function streamInfo(jsm: JetStreamManager, name: string): Promise<StreamIn
 async function workerAckFloor(jsm: JetStreamManager, stream: string): Promise<number> {
   let floor = 0;
   for await (const c of jsm.consumers.list(stream)) {
-    if (c.name.startsWith(CONSUMER_PREFIX)) floor = Math.max(floor, c.ack_floor.stream_seq);
+    if (isWorkerConsumer(c.name)) floor = Math.max(floor, c.ack_floor.stream_seq);
   }
   return floor;
 }

@@ -27,6 +27,10 @@ import {
   type JsMsg,
 } from "@nats-io/jetstream";
 import {
+  backoffCeiling,
+  isWorkerConsumer,
+  cacheStreamId,
+  workerConsumerName,
   bumpEpoch,
   claimEpoch,
   CONSUME_OPTIONS,
@@ -40,7 +44,6 @@ import {
   parseEntrySubject,
   planTakeover,
   pushSubject,
-  seqEpoch,
   seqKey,
   shardStream,
   type Config,
@@ -76,7 +79,8 @@ export interface RunnerDeps {
   >;
 }
 
-const CONSUMER_PREFIX = "w_";
+/** Retries of Redis and of the registry while they are away: 100 ms doubling to 2 s. */
+const RETRY_BACKOFF = { baseMs: 100, capMs: 2000 };
 /** How long a read of the registry head confirms the epoch for (see confirmEpoch). */
 const CONFIRM_FRESH_MS = 50;
 
@@ -152,7 +156,7 @@ export class ShardRunner {
       this.d.log.info({ shard: this.shard, epoch, startOffset, mode }, mode === "claim" ? "shard taken over (claimed the epoch)" : "shard taken over");
       this.loop = (async () => {
         try {
-          const consumer = await this.js.consumers.get(this.stream, consumerName(epoch));
+          const consumer = await this.js.consumers.get(this.stream, workerConsumerName(epoch));
           this.messages = await consumer.consume({
             ...CONSUME_OPTIONS,
             max_messages: this.d.config.JETGATE_WORKER_BATCH * 2,
@@ -215,7 +219,7 @@ export class ShardRunner {
     }
     // Only now, under the acknowledged epoch: this epoch's consumer, then retire the older ones.
     await jsm.consumers.add(this.stream, {
-      durable_name: consumerName(epoch),
+      durable_name: workerConsumerName(epoch),
       ack_policy: AckPolicy.All,
       deliver_policy: DeliverPolicy.StartSequence,
       opt_start_seq: startOffset,
@@ -223,7 +227,7 @@ export class ShardRunner {
       max_ack_pending: 100_000,
     });
     for (const c of consumers) {
-      if (c.name !== consumerName(epoch)) await jsm.consumers.delete(this.stream, c.name).catch(() => undefined);
+      if (c.name !== workerConsumerName(epoch)) await jsm.consumers.delete(this.stream, c.name).catch(() => undefined);
     }
     return { epoch, startOffset, boundaryStart, mode };
   }
@@ -432,7 +436,7 @@ export class ShardRunner {
               lane: it.lane,
               seq20: seqKey(it.seq),
               seqMinus1_20: seqKey(it.seq - 1n),
-              streamId: `${seqEpoch(it.seq)}-${it.msg.seq}`,
+              streamId: cacheStreamId(it.seq),
               shard: this.shard,
               body: it.msg.data,
               hotCacheMaxLen: c.JETGATE_HOT_CACHE_MAXLEN,
@@ -444,7 +448,7 @@ export class ShardRunner {
       } catch (err) {
         this.d.metrics.redisRetries.inc(this.label);
         if (attempt % 10 === 0) this.d.log.warn({ shard: this.shard, err: (err as Error).message, attempt }, "redis step failed; retrying");
-        await new Promise((r) => setTimeout(r, Math.min(100 * 2 ** Math.min(attempt, 4), 2000)));
+        await new Promise((r) => setTimeout(r, backoffCeiling(attempt, RETRY_BACKOFF)));
         if (!this.isCurrent(epoch)) return undefined;
       }
     }
@@ -467,7 +471,7 @@ export class ShardRunner {
         return this.isCurrent(epoch);
       } catch (err) {
         if (attempt % 10 === 0) this.d.log.warn({ shard: this.shard, err: (err as Error).message }, "cannot confirm the epoch; retrying");
-        await new Promise((r) => setTimeout(r, Math.min(100 * 2 ** Math.min(attempt, 4), 2000)));
+        await new Promise((r) => setTimeout(r, backoffCeiling(attempt, RETRY_BACKOFF)));
       }
     }
   }
@@ -499,19 +503,16 @@ export class ShardRunner {
   async lag(jsm: JetStreamManager): Promise<number | undefined> {
     const epoch = this.epoch;
     if (epoch === undefined) return undefined;
-    const info = await jsm.consumers.info(this.stream, consumerName(epoch));
+    const info = await jsm.consumers.info(this.stream, workerConsumerName(epoch));
     return info.num_pending;
   }
 }
 
-function consumerName(epoch: number): string {
-  return `${CONSUMER_PREFIX}${epoch}`;
-}
 
 async function listWorkerConsumers(jsm: JetStreamManager, stream: string): Promise<ConsumerInfo[]> {
   const out: ConsumerInfo[] = [];
   for await (const c of jsm.consumers.list(stream)) {
-    if (c.name.startsWith(CONSUMER_PREFIX)) out.push(c);
+    if (isWorkerConsumer(c.name)) out.push(c);
   }
   return out;
 }

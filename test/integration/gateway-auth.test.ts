@@ -2,7 +2,7 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { jetstream, jetstreamManager, type JsMsg } from "@nats-io/jetstream";
 import {
-  RedisKeys, bumpEpoch, composeSeq, halfRange, loadConfig, newLogId, seqOffset, shardStream, shardStreamConfig, splitShard, userHash,
+  RedisKeys, bumpEpoch, composeSeq, halfRange, loadConfig, newLogId, seqOffset, shardStream, shardStreamConfig, splitShard, userHash, WATERMARK_ALL,
   type CursorToken, type DeviceCursor, type Entry, type MailboxSeq, type ServerFrame,
 } from "../../protocol/index.js";
 import { redisClient, startStack, spawnGateway, spawnWorker } from "../harness/stack.js";
@@ -265,7 +265,7 @@ test("gateway auth - retention passed the cursor (max_bytes): CURSOR_EXPIRED, re
   // the head (the stream's last entry) is in alice's watermarks before the session starts: it is
   // below where the session continues, never a live entry of it
   await waitFor(`the worker applied alice's head (offset ${headOffset})`, async () => {
-    const all = await redis.hget(keys.watermarks("alice"), "_all");
+    const all = await redis.hget(keys.watermarks("alice"), WATERMARK_ALL);
     return all !== null && seqOffset(BigInt(all)) >= BigInt(headOffset);
   });
   const s = await session("alice", alice, 0);

@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { jetstream } from "@nats-io/jetstream";
-import { Dispatcher, RegistryClient, shardStream } from "../../protocol/index.js";
+import { Dispatcher, RegistryClient, shardStream, workerConsumerName } from "../../protocol/index.js";
 import { startInfra, initStack, spawnWorker, redisClient, PushCollector, DispatchLoad, type Infra, type JetgateProcess } from "../harness/stack.js";
 import { runCli } from "../harness/cli.js";
 import { sleep, waitFor } from "../harness/wait.js";
@@ -195,7 +195,7 @@ test("takeover - a delivery lost in flight (the consumer moved past an offset th
     w.proc.kill("SIGSTOP");
     await sleep(11_000);
     await send("g2");
-    const consumer = await jetstream(nc).consumers.get(shardStream(shard), `w_${epoch}`);
+    const consumer = await jetstream(nc).consumers.get(shardStream(shard), workerConsumerName(epoch));
     const stolen = await consumer.next({ expires: 2000 });
     assert.ok(stolen !== null, "the test took the delivery of g2");
     await send("g3");

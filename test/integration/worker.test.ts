@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { headers } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
-  RedisKeys, composeSeq, encodeStoredEntry, entrySubject, halfRange, loadConfig, newLogId, shardStream, shardStreamConfig, splitShard, userHash, decodeCacheRecord, seqKey, seqOffset, type Push,
+  RedisKeys, composeSeq, encodeStoredEntry, entrySubject, halfRange, loadConfig, newLogId, shardStream, shardStreamConfig, splitShard, userHash, decodeCacheRecord, seqKey, parseCacheRow, cacheStreamId, WATERMARK_ALL, seqOffset, type Push,
 } from "../../protocol/index.js";
 import { applyEntry } from "../../worker/mailbox-script.js";
 import { startStack, PushCollector, redisClient, DispatchLoad } from "../harness/stack.js";
@@ -42,15 +42,14 @@ test("worker - pushes each entry with its composite seq and the lane's prev", as
   try {
     const keys = new RedisKeys("jg");
     assert.equal(await r.hget(keys.watermarks("walt"), "default"), seqKey(c.seq));
-    assert.equal(await r.hget(keys.watermarks("walt"), "_all"), seqKey(c.seq));
+    assert.equal(await r.hget(keys.watermarks("walt"), WATERMARK_ALL), seqKey(c.seq));
     const cache = await r.xrangeBuffer(keys.hotCache("walt"), "-", "+");
-    assert.deepEqual(cache.map(([id]) => id.toString()), got.map((p) => `${epoch}-${seqOffset(p.entry.seq)}`));
-    const fromCache = cache.map(([, f]) => {
-      const field = (name: string) => f[f.findIndex((x, i) => i % 2 === 0 && x.toString() === name) + 1]!;
-      return decodeCacheRecord(field("s").toString(), field("p").toString(), field("l").toString(), field("e"));
-    });
+    assert.deepEqual(cache.map(([id]) => id.toString()), got.map((p) => cacheStreamId(p.entry.seq)));
+    assert.ok(got.every((p) => cacheStreamId(p.entry.seq) === `${epoch}-${seqOffset(p.entry.seq)}`));
+    const rows = cache.map(([, f]) => parseCacheRow(f)!);
+    const fromCache = rows.map((row) => decodeCacheRecord(row.seq, row.prev, row.lane, row.entry));
     assert.deepEqual(fromCache.map((e) => ({ ...e, b: [...e.b] })), got.map((p) => ({ ...p.entry, b: [...p.entry.b] })), "the cache holds exactly what was pushed");
-    assert.deepEqual(cache.map(([, f]) => f[f.findIndex((x, i) => i % 2 === 0 && x.toString() === "h") + 1]!.toString()), [String(shard), String(shard), String(shard)], "each row names its shard");
+    assert.deepEqual(rows.map((row) => row.shard), [String(shard), String(shard), String(shard)], "each row names its shard");
   } finally {
     r.disconnect();
   }

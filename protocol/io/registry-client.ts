@@ -17,7 +17,7 @@ import {
   type JetStreamClient,
   type JetStreamManager,
 } from "@nats-io/jetstream";
-import { REGISTRY_STREAM, REGISTRY_SUBJECT } from "./subjects.js";
+import { REGISTRY_STREAM, REGISTRY_SUBJECT } from "../subjects.js";
 import {
   EMPTY_REGISTRY,
   RegistryError,
@@ -27,7 +27,7 @@ import {
   encodeRecord,
   type RegistryRecord,
   type RegistryState,
-} from "./registry-model.js";
+} from "../registry-model.js";
 import { CONSUME_OPTIONS, isNotFound } from "./streams.js";
 
 export type RegistryListener = (state: RegistryState) => void;

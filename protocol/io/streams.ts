@@ -16,8 +16,8 @@ import {
   type StreamConfig,
   type StreamInfo,
 } from "@nats-io/jetstream";
-import type { Config } from "./config.js";
-import { INGRESS_STREAM, INGRESS_SUBJECTS, REGISTRY_STREAM, REGISTRY_SUBJECT, shardStream, shardSubjects } from "./subjects.js";
+import type { Config } from "../config.js";
+import { INGRESS_STREAM, INGRESS_SUBJECTS, REGISTRY_STREAM, REGISTRY_SUBJECT, shardStream, shardSubjects } from "../subjects.js";
 
 export type StreamSettings = Pick<
   Config,

@@ -16,13 +16,13 @@
  */
 import { z } from "zod";
 import { createInbox, headers, type Msg, type MsgHdrs, type NatsConnection, type Subscription } from "@nats-io/transport-node";
-import { JetgateError } from "./errors.js";
-import { MAX_BODY_BYTES } from "./frames.js";
-import { idSchema } from "./ids.js";
-import { encodeStoredEntry } from "./entry.js";
-import { entryMsgId, entrySubject } from "./subjects.js";
-import type { ShardMap } from "./registry-model.js";
-import type { MailboxSeq } from "./seq.js";
+import { JetgateError } from "../errors.js";
+import { MAX_BODY_BYTES } from "../frames.js";
+import { idSchema } from "../ids.js";
+import { encodeStoredEntry } from "../entry.js";
+import { entryMsgId, entrySubject } from "../subjects.js";
+import type { ShardMap } from "../registry-model.js";
+import type { MailboxSeq } from "../seq.js";
 
 export const MAX_RECIPIENTS = 10_000;
 

@@ -2,7 +2,7 @@
 import { readFileSync } from "node:fs";
 import { connect, credsAuthenticator, nkeyAuthenticator, type NatsConnection, type NodeConnectionOptions } from "@nats-io/transport-node";
 import { Cluster, Redis, type RedisOptions } from "ioredis";
-import type { Config } from "./config.js";
+import type { Config } from "../config.js";
 
 export type NatsSettings = Pick<
   Config,

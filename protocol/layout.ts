@@ -1,0 +1,202 @@
+/**
+ * Where jetgate keeps its data outside the shard streams, in one place: Redis key names, hash
+ * fields, hot cache rows and their stream ids, the Lua scripts over them, and the names of the
+ * JetStream consumers workers and gateways create. Worker, gateway and tests import these; nothing
+ * spells a key, a field or a script anywhere else.
+ *
+ * Every key of a user carries the hash tag `{u:<user>}` so a script that touches one user's keys
+ * stays in one Redis Cluster slot; shard keys carry `{s:<shard>}`.
+ */
+import { assertId } from "./ids.js";
+import { seqEpoch, seqOffset, type MailboxSeq } from "./seq.js";
+import { assertShard } from "./subjects.js";
+
+export class RedisKeys {
+  constructor(readonly prefix: string) {}
+
+  private user(user: string): string {
+    return `${this.prefix}:{u:${assertId("user", user)}}`;
+  }
+
+  /** Hash: lane -> highest seq (20-digit decimal), WATERMARK_ALL -> highest over lanes, CACHE_COMPLETE_AFTER -> hot cache complete after. */
+  watermarks(user: string): string {
+    return `${this.user(user)}:wm`;
+  }
+
+  /** Stream of the user's latest entries (rows: CACHE_FIELDS), ids `cacheStreamId(seq)`. */
+  hotCache(user: string): string {
+    return `${this.user(user)}:hc`;
+  }
+
+  /** Dedup of one dispatch for one user: value `<log>:<offset>` of the first copy. */
+  dedup(user: string, dispatchId: string): string {
+    return `${this.user(user)}:dd:${assertId("dispatch", dispatchId)}`;
+  }
+
+  /** Last cumulative ACK of a device. */
+  deviceAck(user: string, device: string): string {
+    return `${this.user(user)}:ack:${assertId("device", device)}`;
+  }
+
+  /** Presence of a device: which gateway holds its session. */
+  presence(user: string, device: string): string {
+    return `${this.user(user)}:pr:${assertId("device", device)}`;
+  }
+
+  /** Advisory lease of a shard: value is the owner's worker id. */
+  lease(shard: number): string {
+    return `${this.prefix}:{s:${assertShard(shard)}}:lease`;
+  }
+
+  /** Sorted set of live workers, scored by the expiry of their heartbeat. */
+  workers(): string {
+    return `${this.prefix}:{workers}`;
+  }
+}
+
+/** A seq as a fixed-width decimal string, so Lua compares seqs as strings (its numbers are doubles). */
+export function seqKey(seq: bigint): string {
+  return seq.toString().padStart(20, "0");
+}
+
+// ---- the watermark hash ---------------------------------------------------------------------
+
+/** Field of the watermark hash: the user's highest seq over all lanes (a push's `pa`). */
+export const WATERMARK_ALL = "_all";
+/** Field of the watermark hash: the hot cache holds every entry of the user above this seq. */
+export const CACHE_COMPLETE_AFTER = "_ca";
+
+// ---- the hot cache --------------------------------------------------------------------------
+
+/** Fields of a hot cache row (a Redis stream entry), written by the worker's APPLY_ENTRY_LUA. */
+export const CACHE_FIELDS = {
+  /** The entry's seq, 20-digit decimal. */
+  seq: "s",
+  /** Its lane's previous seq, 20-digit decimal, or "" when unknown. */
+  prev: "p",
+  lane: "l",
+  /** The entry body as stored in the shard stream (msgpack {id, d, ts, b}). */
+  entry: "e",
+  /** The shard whose log holds it: a moved user's cache mixes parent and child rows. */
+  shard: "h",
+} as const;
+
+/** A row's stream id: `<epoch>-<offset>`, which Redis keeps increasing, so rows sort as seqs do. */
+export function cacheStreamId(seq: MailboxSeq): string {
+  return `${seqEpoch(seq)}-${seqOffset(seq)}`;
+}
+
+export interface CacheRow {
+  seq: string;
+  prev: string;
+  lane: string;
+  entry: Buffer;
+  shard: string;
+}
+
+/** A row's fields (as XRANGE returns them, name and value alternating); undefined when one is missing. */
+export function parseCacheRow(fields: readonly Buffer[]): CacheRow | undefined {
+  const get = (name: string): Buffer | undefined => {
+    for (let i = 0; i + 1 < fields.length; i += 2) if (fields[i]!.toString() === name) return fields[i + 1];
+    return undefined;
+  };
+  const seq = get(CACHE_FIELDS.seq);
+  const lane = get(CACHE_FIELDS.lane);
+  const entry = get(CACHE_FIELDS.entry);
+  const shard = get(CACHE_FIELDS.shard);
+  if (seq === undefined || lane === undefined || entry === undefined || shard === undefined) return undefined;
+  return { seq: seq.toString(), prev: get(CACHE_FIELDS.prev)?.toString() ?? "", lane: lane.toString(), entry, shard: shard.toString() };
+}
+
+// ---- Lua scripts (one user's keys each: one cluster slot) -----------------------------------
+
+/**
+ * The worker's Redis work for one entry (worker/mailbox-script.ts says why each step is there).
+ * KEYS: dedup, watermarks, hot cache. ARGV[1]: `|`-separated header (token, dedup ttl, lane, seq,
+ * stream id, cache maxlen, cache ttl, watermark ttl, seq - 1, shard); ARGV[2]: the entry body.
+ * Returns {first, prev, prevAll}.
+ */
+export const APPLY_ENTRY_LUA = `
+local a = {}
+for x in string.gmatch(ARGV[1], '[^|]+') do a[#a + 1] = x end
+local token = a[1]
+local first = 1
+if not redis.call('SET', KEYS[1], token, 'NX', 'EX', a[2]) then
+  if redis.call('GET', KEYS[1]) ~= token then first = 0 end
+end
+local seq = a[4]
+local prev = redis.call('HGET', KEYS[2], a[3])
+if (not prev) or prev < seq then redis.call('HSET', KEYS[2], a[3], seq) end
+local prevAll = redis.call('HGET', KEYS[2], '${WATERMARK_ALL}')
+if (not prevAll) or prevAll < seq then redis.call('HSET', KEYS[2], '${WATERMARK_ALL}', seq) end
+local maxlen = tonumber(a[6])
+if maxlen > 0 then
+  local len = redis.call('XLEN', KEYS[3])
+  if len == 0 then
+    -- (re)created: complete after the user's previous seq when known, else just before this entry
+    redis.call('HSET', KEYS[2], '${CACHE_COMPLETE_AFTER}', prevAll or a[9])
+  elseif len >= maxlen or redis.call('HEXISTS', KEYS[2], '${CACHE_COMPLETE_AFTER}') == 0 then
+    -- trimming the oldest (or the hash was lost): complete after the oldest entry kept so far
+    -- (field 2 of a row is its seq: the row's first field is ${CACHE_FIELDS.seq})
+    local oldest = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)
+    redis.call('HSET', KEYS[2], '${CACHE_COMPLETE_AFTER}', oldest[1][2][2])
+  end
+  redis.pcall('XADD', KEYS[3], 'MAXLEN', maxlen, a[5], '${CACHE_FIELDS.seq}', seq, '${CACHE_FIELDS.prev}', prev or '', '${CACHE_FIELDS.lane}', a[3], '${CACHE_FIELDS.entry}', ARGV[2], '${CACHE_FIELDS.shard}', a[10])
+  redis.call('EXPIRE', KEYS[3], a[7])
+end
+redis.call('EXPIRE', KEYS[2], a[8])
+return {first, prev, prevAll}
+`;
+
+/** Upward-only write-back of a lane watermark rebuilt from the stream. KEYS: watermarks; ARGV: lane, seq, ttl. */
+export const RAISE_WATERMARK_LUA = `
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if (not cur) or cur < ARGV[2] then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+local all = redis.call('HGET', KEYS[1], '${WATERMARK_ALL}')
+if (not all) or all < ARGV[2] then redis.call('HSET', KEYS[1], '${WATERMARK_ALL}', ARGV[2]) end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+`;
+
+/** A device's cumulative ACK, upward only. KEYS: deviceAck; ARGV: seq, ttl. */
+export const ACK_STORE_LUA = `
+local cur = redis.call('GET', KEYS[1])
+if (not cur) or cur < ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) return 1 end
+return 0
+`;
+
+/** Claims a device's presence unless a later AUTH holds it. KEYS: presence; ARGV: value, ttl, auth ms. Returns {won, previous}. */
+export const PRESENCE_CLAIM_LUA = `
+local prev = redis.call('GET', KEYS[1])
+if prev then
+  local at = tonumber(string.match(prev, '/(%d+)$'))
+  if at and at > tonumber(ARGV[3]) then return {0, prev} end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return {1, prev or ''}
+`;
+
+/** Releases a presence only if this session still holds it. KEYS: presence; ARGV: value. */
+export const PRESENCE_RELEASE_LUA = `
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`;
+
+// ---- JetStream consumer names ---------------------------------------------------------------
+
+const WORKER_CONSUMER_PREFIX = "w_";
+
+/** The durable consumer a worker creates for a shard under `epoch` (one per epoch; older ones are deleted). */
+export function workerConsumerName(epoch: number): string {
+  return `${WORKER_CONSUMER_PREFIX}${epoch}`;
+}
+
+/** Whether a consumer of a shard stream is a worker's (its ack floor is the shard's processing floor). */
+export function isWorkerConsumer(name: string): boolean {
+  return name.startsWith(WORKER_CONSUMER_PREFIX);
+}
+
+/** An ephemeral consumer a gateway creates for one catch-up read (`suffix`: random hex). */
+export function readerConsumerName(suffix: string): string {
+  return `rd_${suffix}`;
+}
