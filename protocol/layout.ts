@@ -182,6 +182,35 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 `;
 
+/** Renews (or takes, when free) a shard's advisory lease. KEYS: lease; ARGV: owner, ms. 1 renewed, 2 taken, 0 someone else's. */
+export const LEASE_RENEW_LUA = `
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
+return 0
+`;
+
+/** Releases a lease only if this worker holds it. KEYS: lease; ARGV: owner. */
+export const LEASE_RELEASE_LUA = `
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`;
+
+/**
+ * Every script as an ioredis command, defined when a client is made (`connectRedis`). With
+ * auto-pipelining a command defined later, on first use, can land in a pipeline made before it
+ * existed ("pipeline[functionName] is not a function"), and the worker died of it in the e2e test.
+ */
+export const REDIS_SCRIPTS = {
+  jgApplyEntry: { lua: APPLY_ENTRY_LUA, numberOfKeys: 3 },
+  jgRaiseWatermark: { lua: RAISE_WATERMARK_LUA, numberOfKeys: 1 },
+  jgAckStore: { lua: ACK_STORE_LUA, numberOfKeys: 1 },
+  jgPresenceClaim: { lua: PRESENCE_CLAIM_LUA, numberOfKeys: 1 },
+  jgPresenceRelease: { lua: PRESENCE_RELEASE_LUA, numberOfKeys: 1 },
+  jgLeaseRenew: { lua: LEASE_RENEW_LUA, numberOfKeys: 1 },
+  jgLeaseRelease: { lua: LEASE_RELEASE_LUA, numberOfKeys: 1 },
+} as const;
+
 // ---- JetStream consumer names ---------------------------------------------------------------
 
 const WORKER_CONSUMER_PREFIX = "w_";

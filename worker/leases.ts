@@ -3,18 +3,8 @@
  * correctness comes from epochs (a worker acts only under the epoch it appended, gateways drop
  * pushes of older epochs), so a lost or doubled lease costs an extra takeover, never an entry.
  */
-import type { RedisClient, RedisKeys } from "../protocol/index.js";
+import { LEASE_RELEASE_LUA, LEASE_RENEW_LUA, type RedisClient, type RedisKeys } from "../protocol/index.js";
 
-const RENEW_LUA = `
-local v = redis.call('GET', KEYS[1])
-if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
-if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
-return 0
-`;
-const RELEASE_LUA = `
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-`;
 
 type LeaseClient = RedisClient & {
   jgLeaseRenew(key: string, owner: string, ms: number): Promise<number>;
@@ -32,8 +22,8 @@ export class Leases {
     private readonly owner: string,
     private readonly leaseMs: number,
   ) {
-    redis.defineCommand("jgLeaseRenew", { numberOfKeys: 1, lua: RENEW_LUA });
-    redis.defineCommand("jgLeaseRelease", { numberOfKeys: 1, lua: RELEASE_LUA });
+    redis.defineCommand("jgLeaseRenew", { numberOfKeys: 1, lua: LEASE_RENEW_LUA });
+    redis.defineCommand("jgLeaseRelease", { numberOfKeys: 1, lua: LEASE_RELEASE_LUA });
     this.redis = redis as LeaseClient;
   }
 

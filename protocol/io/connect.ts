@@ -3,6 +3,7 @@ import { readFileSync } from "node:fs";
 import { connect, credsAuthenticator, nkeyAuthenticator, type NatsConnection, type NodeConnectionOptions } from "@nats-io/transport-node";
 import { Cluster, Redis, type RedisOptions } from "ioredis";
 import type { Config } from "../config.js";
+import { REDIS_SCRIPTS } from "../layout.js";
 
 export type NatsSettings = Pick<
   Config,
@@ -60,6 +61,7 @@ export function connectRedis(c: RedisSettings, name: string): RedisClient {
   const base: RedisOptions = {
     connectionName: name,
     enableAutoPipelining: true,
+    scripts: { ...REDIS_SCRIPTS },
     maxRetriesPerRequest: 2,
     // Reconnect forever with a capped backoff; callers see errors while it is down and retry.
     retryStrategy: (times) => Math.min(50 * times, 1000),
@@ -73,6 +75,7 @@ export function connectRedis(c: RedisSettings, name: string): RedisClient {
     const first = new URL(c.JETGATE_REDIS_URL[0]!);
     return new Cluster(nodes, {
       enableAutoPipelining: true,
+      scripts: { ...REDIS_SCRIPTS },
       clusterRetryStrategy: (times) => Math.min(100 * times, 2000),
       redisOptions: {
         ...base,

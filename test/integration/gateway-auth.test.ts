@@ -246,6 +246,16 @@ test("gateway auth - a user moved by a split: old range first, then the new shar
   const msgs = s.dev.frames.filter((f) => f.t === "MSGS");
   assert.equal(msgs[0]!.t === "MSGS" && msgs[0]!.shard, 1, "the old range comes from the parent");
   assert.equal(msgs.at(-1)!.t === "MSGS" && msgs.at(-1)!.shard, 2);
+  // PULL after a seq of the parent, on the child's session, from the stream: the parent's rest and
+  // the child's entries (the stream reader used to start at the parent seq's offset bits in the
+  // child's log, past everything the child holds, and answered an empty page)
+  const lastParent = s.entries[tail.length - 1]!.seq;
+  const pull = async (id: number, after: MailboxSeq) => {
+    s.dev.send({ t: "PULL", id, after, limit: 10 });
+    return waitFor(`PULL ${id}`, () => s.dev.frames.find((f): f is Extract<ServerFrame, { t: "MSGS" }> => f.t === "MSGS" && f.id === id));
+  };
+  assert.deepEqual(ids((await pull(77, lastParent)).e), after, "the child's entries after the parent's last");
+  assert.deepEqual(ids((await pull(78, cursor.seq)).e), [...tail, ...after], "the parent's rest, then the child");
   s.dev.close();
   // the neighbour stayed on the parent: a plain rebase, no old range
   const nb = await session(neighbour, undefined, 0);
