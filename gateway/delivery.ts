@@ -64,11 +64,6 @@ export class Delivery {
     return this.lanes === undefined;
   }
 
-  /** Whether a single live entry can go out at once (no await): the common case. */
-  isNextLive(push: Push): boolean {
-    return this.classify(push) === "next";
-  }
-
   classify(push: Push): PushKind {
     if (push.entry.seq <= this.lastKnown) return "duplicate";
     if (push.prevAll === null || push.prevAll > this.lastKnown) return "gap";

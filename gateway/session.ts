@@ -423,7 +423,7 @@ export class Session implements HubMember {
     if (push.shard !== this.shard) return;
     if (this.state.type === "syncing") return this.delivery.hold(push);
     // Live: the common case needs no await; a gap or a busy chain goes through the chain.
-    if (this.chainIdle && this.delivery.isNextLive(push)) return void this.emit(this.shard, [push.entry], false);
+    if (this.chainIdle && this.delivery.classify(push) === "next") return void this.emit(this.shard, [push.entry], false);
     this.enqueue(() => this.deliver(push));
   }
 

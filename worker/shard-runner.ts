@@ -508,7 +508,6 @@ export class ShardRunner {
   }
 }
 
-
 async function listWorkerConsumers(jsm: JetStreamManager, stream: string): Promise<ConsumerInfo[]> {
   const out: ConsumerInfo[] = [];
   for await (const c of jsm.consumers.list(stream)) {

@@ -19,10 +19,10 @@ import {
   type ErrorFrame,
   type MailboxSeq,
   type ShardState,
+  cursorSigner,
 } from "../../protocol/index.js";
 import type { Session } from "../../gateway/session.js";
 import { CURSOR_KEY, sessionRig, type RecordingTransport, type SessionRig } from "../harness/session-fakes.js";
-import { cursorSigner } from "../../protocol/index.js";
 
 const U = "alice"; // userHash("alice") = 0x2bd806c9: shard 0 of 2
 const signer = cursorSigner([CURSOR_KEY]);
