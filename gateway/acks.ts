@@ -1,5 +1,5 @@
 /** Cumulative ACKs per device in Redis, upward only (a late or replayed ACK never lowers it). */
-import { ACK_STORE_LUA, seqKey, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
+import { seqKey, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
 
 
 type AckClient = RedisClient & { jgAckStore(key: string, seq20: string, ttl: number): Promise<number> };
@@ -12,7 +12,6 @@ export class AckStore {
     private readonly keys: RedisKeys,
     private readonly ttlS: number,
   ) {
-    redis.defineCommand("jgAckStore", { numberOfKeys: 1, lua: ACK_STORE_LUA });
     this.redis = redis as AckClient;
   }
 

@@ -27,7 +27,6 @@ import {
   parseCacheRow,
   readerConsumerName,
   CACHE_COMPLETE_AFTER,
-  RAISE_WATERMARK_LUA,
   WATERMARK_ALL,
   type Entry,
   type MailboxSeq,
@@ -91,7 +90,6 @@ export class MailboxReader implements MailboxSource {
     private readonly watermarkTtlS: number,
   ) {
     this.js = jetstream(nc);
-    redis.defineCommand("jgRaiseWatermark", { numberOfKeys: 1, lua: RAISE_WATERMARK_LUA });
   }
 
   private async manager(): Promise<JetStreamManager> {

@@ -9,7 +9,7 @@
  * until it reconnects; sessions of one device on one gateway are always replaced.
  */
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import { PRESENCE_CLAIM_LUA, PRESENCE_RELEASE_LUA, type RedisClient, type RedisKeys } from "../protocol/index.js";
+import type { RedisClient, RedisKeys } from "../protocol/index.js";
 
 
 type PresenceClient = RedisClient & {
@@ -35,8 +35,6 @@ export class Presence {
     private readonly onKick: (k: Kick) => void,
     private readonly ttlS = 86_400,
   ) {
-    redis.defineCommand("jgPresenceClaim", { numberOfKeys: 1, lua: PRESENCE_CLAIM_LUA });
-    redis.defineCommand("jgPresenceRelease", { numberOfKeys: 1, lua: PRESENCE_RELEASE_LUA });
     this.redis = redis as PresenceClient;
   }
 

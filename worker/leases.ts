@@ -3,7 +3,7 @@
  * correctness comes from epochs (a worker acts only under the epoch it appended, gateways drop
  * pushes of older epochs), so a lost or doubled lease costs an extra takeover, never an entry.
  */
-import { LEASE_RELEASE_LUA, LEASE_RENEW_LUA, type RedisClient, type RedisKeys } from "../protocol/index.js";
+import type { RedisClient, RedisKeys } from "../protocol/index.js";
 
 
 type LeaseClient = RedisClient & {
@@ -22,8 +22,6 @@ export class Leases {
     private readonly owner: string,
     private readonly leaseMs: number,
   ) {
-    redis.defineCommand("jgLeaseRenew", { numberOfKeys: 1, lua: LEASE_RENEW_LUA });
-    redis.defineCommand("jgLeaseRelease", { numberOfKeys: 1, lua: LEASE_RELEASE_LUA });
     this.redis = redis as LeaseClient;
   }
 

@@ -22,7 +22,7 @@
  * none can contain `|`) and the cache body as a second: ioredis spends about 1.5 us of CPU per
  * argument, so 2 arguments instead of 10 is most of the worker's Redis cost (bench/README.md).
  */
-import { APPLY_ENTRY_LUA, type RedisClient } from "../protocol/index.js";
+import type { RedisClient } from "../protocol/index.js";
 
 
 export interface ApplyEntryArgs {
@@ -64,13 +64,8 @@ type ScriptClient = RedisClient & {
   jgApplyEntry(dedup: string, wm: string, hc: string, header: string, body: Buffer): Promise<[number, string | null | undefined, string | null | undefined]>;
 };
 
-const defined = new WeakSet<object>();
-
+/** Needs a client made with REDIS_SCRIPTS defined (connectRedis does it). */
 export function applyEntry(redis: RedisClient, a: ApplyEntryArgs): Promise<ApplyEntryResult> {
-  if (!defined.has(redis)) {
-    redis.defineCommand("jgApplyEntry", { numberOfKeys: 3, lua: APPLY_ENTRY_LUA });
-    defined.add(redis);
-  }
   return (redis as ScriptClient)
     .jgApplyEntry(
       a.dedupKey,

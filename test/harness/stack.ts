@@ -6,7 +6,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { connect, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { Redis } from "ioredis";
-import { Dispatcher, RegistryClient, connectNats, decodePush, loadConfig, type DispatcherOptions, type Push } from "../../protocol/index.js";
+import { Dispatcher, REDIS_SCRIPTS, RegistryClient, connectNats, decodePush, loadConfig, type DispatcherOptions, type Push } from "../../protocol/index.js";
 import { initRegistry } from "../../worker/index.js";
 import { NatsServer, RedisServer, freePort } from "./servers.js";
 
@@ -182,7 +182,8 @@ export class PushCollector {
 }
 
 export async function redisClient(url: string): Promise<Redis> {
-  const r = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 1 });
+  // the scripts as connectRedis defines them, for tests that drive jetgate's Redis code directly
+  const r = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 1, scripts: { ...REDIS_SCRIPTS } });
   await r.connect();
   return r;
 }
