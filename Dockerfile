@@ -21,6 +21,6 @@ COPY --chown=root:root package.json ./
 COPY --chown=root:root bin ./bin
 # The files belong to root and are read-only to the process; it runs as the image's `node` user.
 USER node
-EXPOSE 8080 9091
+EXPOSE 8080 9090 9091
 ENTRYPOINT ["node"]
 CMD ["dist/gateway/main.js"]

@@ -1,8 +1,14 @@
-/** Cumulative ACKs per device in Redis, upward only (a late or replayed ACK never lowers it). */
+/**
+ * Cumulative ACKs per device in Redis, upward only (a late or replayed ACK never lowers it), for
+ * at most JETGATE_MAX_DEVICES_PER_USER devices per user: a new device past the bound takes the
+ * place of the one whose last ACK is oldest. The session refuses an ACK beyond what it sent, so
+ * the values are bounded too.
+ */
 import { seqKey, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
 
-
-type AckClient = RedisClient & { jgAckStore(key: string, seq20: string, ttl: number): Promise<number> };
+type AckClient = RedisClient & {
+  jgAckStore(ack: string, devices: string, seq20: string, ttl: number, now: number, max: number, prefix: string, device: string): Promise<[number, number]>;
+};
 
 export class AckStore {
   private readonly redis: AckClient;
@@ -11,11 +17,15 @@ export class AckStore {
     redis: RedisClient,
     private readonly keys: RedisKeys,
     private readonly ttlS: number,
+    private readonly maxDevices: number,
   ) {
     this.redis = redis as AckClient;
   }
 
-  async store(user: string, device: string, seq: MailboxSeq): Promise<void> {
-    await this.redis.jgAckStore(this.keys.deviceAck(user, device), seqKey(seq), this.ttlS);
+  /** Stores the ACK; resolves to how many other devices' state it evicted. */
+  async store(user: string, device: string, seq: MailboxSeq, now = Date.now()): Promise<number> {
+    const k = this.keys;
+    const [, evicted] = await this.redis.jgAckStore(k.deviceAck(user, device), k.devices(user), seqKey(seq), this.ttlS, now, this.maxDevices, k.deviceAckPrefix(user), device);
+    return evicted;
   }
 }

@@ -4,6 +4,7 @@
  * over JETGATE_DRAIN_MS, then exit 0.
  */
 import { randomBytes } from "node:crypto";
+import type { AddressInfo } from "node:net";
 import { pino } from "pino";
 import { jetstream } from "@nats-io/jetstream";
 import {
@@ -21,6 +22,7 @@ import {
   onShutdownSignal,
   registryLogging,
   runAsMain,
+  startOpsHttp,
 } from "../protocol/index.js";
 import { AckStore } from "./acks.js";
 import { tokenVerifier } from "./jwt.js";
@@ -59,13 +61,13 @@ export async function runGateway(env: Record<string, string | undefined> = proce
     config,
     log,
     metrics,
-    tokens: await tokenVerifier({ secret: config.JETGATE_JWT_SECRET, previousSecret: config.JETGATE_JWT_PREVIOUS_SECRET, publicKeysFile: config.JETGATE_JWT_PUBLIC_KEYS_FILE }),
+    tokens: await tokenVerifier({ secret: config.JETGATE_JWT_SECRET, previousSecret: config.JETGATE_JWT_PREVIOUS_SECRET, publicKeysFile: config.JETGATE_JWT_PUBLIC_KEYS_FILE, maxLifetimeS: config.JETGATE_JWT_MAX_LIFETIME_S }),
     cursors: cursorSigner(config.JETGATE_CURSOR_KEYS),
     registry,
     mailbox: new MailboxReader(nc, redis, keys, registry, config.JETGATE_LANES, Math.max(config.JETGATE_STREAM_MAX_AGE_S, config.JETGATE_HOT_CACHE_TTL_S)),
     hub: sessions,
     presence,
-    acks: new AckStore(redis, keys, config.JETGATE_STREAM_MAX_AGE_S),
+    acks: new AckStore(redis, keys, config.JETGATE_STREAM_MAX_AGE_S, config.JETGATE_MAX_DEVICES_PER_USER),
     ingress: {
       publish: async (user, device, cmid, body) => {
         const ack = await js.publish(ingressSubject(user, device), body, { msgID: ingressMsgId(user, device, cmid) });
@@ -75,7 +77,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   };
   const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: config.JETGATE_LANES, maxBodyBytes: config.JETGATE_MAX_BODY_BYTES });
   let draining = false;
-  const server = await startServer(uws, config, ctx, dispatcher, {
+  const ops = await startOpsHttp(config.JETGATE_GATEWAY_METRICS_PORT, config.JETGATE_METRICS_HOST, metrics.registry, {
     problems: () => {
       const p: string[] = [];
       if (draining) p.push("draining");
@@ -85,7 +87,8 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       return p;
     },
   });
-  log.info({ port: server.port, native }, "gateway listening");
+  const server = await startServer(uws, config, ctx, dispatcher);
+  log.info({ port: server.port, opsPort: (ops.address() as AddressInfo).port, native }, "gateway listening");
 
   const shutdown = (signal: string) => {
     draining = true;
@@ -102,6 +105,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
         await new Promise((r) => setTimeout(r, every));
       }
       server.stopListening();
+      ops.close();
       dispatcher.close();
       presence.stop();
       sessions.close();

@@ -71,7 +71,8 @@ export interface IngressPort {
 }
 
 export interface AckPort {
-  store(user: string, device: string, seq: MailboxSeq): Promise<void>;
+  /** Resolves to how many other devices' ACK state the per-user device bound evicted. */
+  store(user: string, device: string, seq: MailboxSeq): Promise<number>;
 }
 
 export interface TokenPort {

@@ -1,6 +1,7 @@
 /**
- * The uWS adapter: WebSocket sessions on `/v1/ws`, HTTP on the same port (`/healthz`, `/readyz`,
- * `/metrics`, `POST /v1/dispatch`). The only file that touches uWS objects.
+ * The uWS adapter: WebSocket sessions on `/v1/ws` and `POST /v1/dispatch` on the device port, and
+ * nothing else but the development demo page (health and metrics have a listener of their own,
+ * protocol/io/ops-http.ts). The only file that touches uWS objects.
  *
  * uWS rules kept here: an incoming ArrayBuffer is copied before anything else (uWS neuters it
  * when the handler returns); a socket is never touched after its close event; an HTTP response
@@ -11,8 +12,8 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { SignJWT } from "jose";
 import type * as Uws from "uWebSockets.js";
-import { z } from "zod";
 import { DispatchValidationError, type Config, type Dispatcher } from "../protocol/index.js";
+import { DispatchShapeGuard, maxDispatchBodyBytes, parseDispatchBody, type ParsedDispatch } from "./dispatch-body.js";
 import type { SessionPorts, Transport } from "./ports.js";
 import { Session } from "./session.js";
 
@@ -23,10 +24,6 @@ interface SocketData {
   ip: string;
 }
 
-export interface Readiness {
-  problems(): string[];
-}
-
 export interface GatewayServer {
   port: number;
   /** Stops accepting connections and HTTP requests. */
@@ -35,27 +32,11 @@ export interface GatewayServer {
   refuseUpgrades(): void;
 }
 
-const MAX_DISPATCH_BODY = 4 * 1024 * 1024;
-
-const DispatchBodySchema = z
-  .strictObject({
-    dispatch_id: z.string(),
-    message_id: z.string(),
-    lane: z.string(),
-    recipients: z.array(z.string()),
-    /** The entry body as UTF-8 text ... */
-    body: z.string().optional(),
-    /** ... or as base64 bytes. */
-    body_b64: z.string().regex(/^[A-Za-z0-9+/]*={0,2}$/, "must be base64").optional(),
-  })
-  .refine((b) => (b.body === undefined) !== (b.body_b64 === undefined), { message: "give exactly one of body and body_b64" });
-
 export function startServer(
   uws: typeof Uws,
   config: Config,
   ctx: SessionPorts,
   dispatcher: Dispatcher,
-  readiness: Readiness,
 ): Promise<GatewayServer> {
   const app = uws.App();
   let upgrades = true;
@@ -120,24 +101,12 @@ export function startServer(
     },
   });
 
-  app.get("/healthz", (res) => void res.writeStatus("200 OK").end("ok\n"));
-  app.get("/readyz", (res) => {
-    const problems = readiness.problems();
-    res
-      .writeStatus(problems.length === 0 ? "200 OK" : "503 Service Unavailable")
-      .writeHeader("content-type", "application/json")
-      .end(JSON.stringify({ ready: problems.length === 0, problems }) + "\n");
-  });
-  app.get("/metrics", (res) => {
-    let aborted = false;
-    res.onAborted(() => (aborted = true));
-    void ctx.metrics.registry.metrics().then((text) => {
-      if (!aborted) res.cork(() => res.writeHeader("content-type", ctx.metrics.registry.contentType).end(text));
-    });
-  });
+  const maxDispatchBody = maxDispatchBodyBytes(config.JETGATE_MAX_BODY_BYTES);
   app.post("/v1/dispatch", (res, req) => {
+    // headers are readable only inside this handler
     const auth = req.getHeader("authorization");
-    handleDispatch(res, auth, config, ctx, dispatcher);
+    const declared = req.getHeader("content-length");
+    handleDispatch(res, { auth, declared, maxBody: maxDispatchBody }, config, ctx, dispatcher);
   });
   if (config.JETGATE_DEMO_DIR !== undefined && config.JETGATE_ENV === "development") serveDemo(app, config, config.JETGATE_DEMO_DIR);
   app.any("/*", (res) => void res.writeStatus("404 Not Found").end("not found\n"));
@@ -200,7 +169,13 @@ function reply(res: Uws.HttpResponse, aborted: () => boolean, status: string, bo
   res.cork(() => res.writeStatus(status).writeHeader("content-type", "application/json").end(JSON.stringify(body) + "\n"));
 }
 
-function handleDispatch(res: Uws.HttpResponse, auth: string, config: Config, ctx: SessionPorts, dispatcher: Dispatcher): void {
+function handleDispatch(
+  res: Uws.HttpResponse,
+  req: { auth: string; declared: string; maxBody: number },
+  config: Config,
+  ctx: SessionPorts,
+  dispatcher: Dispatcher,
+): void {
   let aborted = false;
   res.onAborted(() => (aborted = true));
   const done = (status: string, body: unknown) => {
@@ -212,47 +187,76 @@ function handleDispatch(res: Uws.HttpResponse, auth: string, config: Config, ctx
     done("503 Service Unavailable", { error: "the dispatch API is disabled: set JETGATE_SERVICE_TOKEN" });
     return;
   }
-  if (!constantTimeEqual(auth, `Bearer ${token}`)) {
+  if (!constantTimeEqual(req.auth, `Bearer ${token}`)) {
     done("401 Unauthorized", { error: "missing or wrong bearer token" });
     return;
   }
+  const tooLarge = { error: `request body over ${req.maxBody} bytes, the largest valid dispatch (docs/security.md)` };
+  if (req.declared !== "" && Number(req.declared) > req.maxBody) {
+    done("413 Payload Too Large", tooLarge);
+    return;
+  }
+  // Every byte passes the shape guard as it arrives: a body that cannot be a request is refused at
+  // the byte that shows it, and JSON.parse only ever sees a bounded document.
+  const guard = new DispatchShapeGuard();
   const chunks: Buffer[] = [];
   let size = 0;
+  let answered = false;
+  const refuse = (status: string, body: unknown) => {
+    answered = true;
+    chunks.length = 0;
+    done(status, body);
+  };
   res.onData((chunk, isLast) => {
+    if (answered) return;
     size += chunk.byteLength;
-    if (size > MAX_DISPATCH_BODY) {
-      if (!aborted) done("413 Payload Too Large", { error: `request body over ${MAX_DISPATCH_BODY} bytes` });
-      aborted = true;
-      return;
-    }
-    chunks.push(Buffer.from(chunk.slice(0)));
-    if (!isLast || aborted) return;
-    void dispatchBody(Buffer.concat(chunks), dispatcher).then(
-      (r) => done(r.status, r.body),
-      (err: unknown) => {
-        ctx.log.error({ err }, "dispatch failed");
-        done("500 Internal Server Error", { error: "internal error" });
-      },
-    );
+    if (size > req.maxBody) return refuse("413 Payload Too Large", tooLarge);
+    const bytes = new Uint8Array(chunk);
+    const bad = guard.feed(bytes);
+    if (bad !== undefined) return refuse("400 Bad Request", { error: bad, field: bad.startsWith("recipients") ? "recipients" : undefined });
+    chunks.push(Buffer.from(bytes)); // copies: uWS reuses the chunk's memory after this call
+    if (!isLast) return;
+    answered = true;
+    const raw = Buffer.concat(chunks);
+    chunks.length = 0;
+    parseTurns.run(() => {
+      const parsed = parseDispatchBody(raw);
+      if (!parsed.ok) return done("400 Bad Request", { error: parsed.error, field: parsed.field });
+      void dispatchRequest(parsed.request, dispatcher).then(
+        (r) => done(r.status, r.body),
+        (err: unknown) => {
+          ctx.log.error({ err }, "dispatch failed");
+          done("500 Internal Server Error", { error: "internal error" });
+        },
+      );
+    });
   });
 }
 
-async function dispatchBody(raw: Buffer, dispatcher: Dispatcher): Promise<{ status: string; body: unknown }> {
-  let json: unknown;
+/**
+ * One parse per turn of the event loop: bodies that complete together (one poll can deliver
+ * many) are parsed in turns with device I/O between them, so a device waits for at most one
+ * request's parse (~10 ms at the byte limit), never for all of them.
+ */
+const parseTurns = {
+  queue: [] as (() => void)[],
+  running: false,
+  run(job: () => void): void {
+    this.queue.push(job);
+    if (this.running) return;
+    this.running = true;
+    setImmediate(() => this.next());
+  },
+  next(): void {
+    this.queue.shift()?.();
+    if (this.queue.length > 0) setImmediate(() => this.next());
+    else this.running = false;
+  },
+};
+
+async function dispatchRequest(request: ParsedDispatch, dispatcher: Dispatcher): Promise<{ status: string; body: unknown }> {
   try {
-    json = JSON.parse(raw.toString("utf8"));
-  } catch {
-    return { status: "400 Bad Request", body: { error: "body is not JSON" } };
-  }
-  const parsed = DispatchBodySchema.safeParse(json);
-  if (!parsed.success) {
-    const issue = parsed.error.issues[0]!;
-    return { status: "400 Bad Request", body: { error: `${issue.path.join(".") || "request"}: ${issue.message}`, field: issue.path.join(".") || undefined } };
-  }
-  const b = parsed.data;
-  const body = b.body !== undefined ? new TextEncoder().encode(b.body) : new Uint8Array(Buffer.from(b.body_b64!, "base64"));
-  try {
-    const results = await dispatcher.dispatch({ dispatch_id: b.dispatch_id, message_id: b.message_id, lane: b.lane, recipients: b.recipients, body });
+    const results = await dispatcher.dispatch(request);
     const failed = results.some((r) => "error" in r);
     // `seq` is the mailbox_seq the device sees, as a decimal string (it passes 2^53 at epoch 32);
     // `offset` is the stream offset.

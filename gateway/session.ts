@@ -285,7 +285,7 @@ export class Session implements HubMember {
     try {
       claims = await this.p.tokens.verify(frame.token);
     } catch (err) {
-      this.p.metrics.authOutcomes.inc({ case: "unauthorized" });
+      this.tokenRefused(err);
       this.fail(Disconnect.UNAUTHORIZED, (err as Error).message);
       return false;
     }
@@ -481,7 +481,10 @@ export class Session implements HubMember {
   private flushAck(): void {
     if (this.ackedSeq <= this.ackFlushed || this.user === "") return;
     this.ackFlushed = this.ackedSeq;
-    void this.p.acks.store(this.user, this.device, this.ackedSeq).catch(() => undefined);
+    void this.p.acks.store(this.user, this.device, this.ackedSeq).then(
+      (evicted) => evicted > 0 && this.p.metrics.devicesEvicted.inc(evicted),
+      () => undefined,
+    );
   }
 
   /**
@@ -530,12 +533,19 @@ export class Session implements HubMember {
     }
   }
 
+  /** The device hears the reason; what each key said goes to the log only. */
+  private tokenRefused(err: unknown): void {
+    this.p.metrics.authOutcomes.inc({ case: "unauthorized" });
+    const detail = (err as { detail?: unknown }).detail;
+    if (typeof detail === "string") this.p.log.info({ session: this.id, why: (err as Error).message, detail }, "token refused");
+  }
+
   private async refresh(frame: RefreshFrame): Promise<void> {
     let claims;
     try {
       claims = await this.p.tokens.verify(frame.token);
     } catch (err) {
-      this.p.metrics.authOutcomes.inc({ case: "unauthorized" });
+      this.tokenRefused(err);
       return this.fail(Disconnect.UNAUTHORIZED, `refresh refused: ${(err as Error).message}`);
     }
     if (this.closed) return;

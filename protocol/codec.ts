@@ -94,9 +94,18 @@ export function decodeServerFrame(data: unknown, opts: DecodeOptions = {}): Serv
   return decodeWith(data, SERVER_FRAME_TYPES, ServerFrameSchema, opts);
 }
 
-/** Encodes any frame. u64 fields must be bigints or safe integers; they go out as msgpack uints. */
+/**
+ * Encodes any frame. Every number of protocol v1 (seqs, ids, epochs, timestamps, durations) is an
+ * unsigned integer and goes out as a msgpack uint; anything else (a fractional or negative number,
+ * NaN, Infinity) is refused here with a FrameError rather than sent as a float the peer refuses.
+ */
 export function encodeFrame(frame: ClientFrame | ServerFrame): Uint8Array {
-  return encodeWith((w) => w.value(frame));
+  try {
+    return encodeWith((w) => w.value(frame, true));
+  } catch (err) {
+    if (err instanceof RangeError) throw new FrameError("invalid_field", `${frame.t}: every number on the wire is an unsigned integer (${err.message})`, frame.t, { cause: err });
+    throw err;
+  }
 }
 
 /** Encodes one entry on its own, for splicing into MSGS frames with `encodeMsgsFrame`. */

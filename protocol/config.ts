@@ -159,6 +159,8 @@ export const envSchema = z.object({
   // worker
   JETGATE_WORKER_ID: optionalStr,
   JETGATE_WORKER_HTTP_PORT: int(0, 65535, 9091),
+  /** Address of the health and metrics listeners (gateway and worker); the chart sets 0.0.0.0. */
+  JETGATE_METRICS_HOST: str("127.0.0.1"),
   JETGATE_LEASE_MS: int(1000, 600_000, 5000),
   JETGATE_WORKER_BATCH: int(1, 10_000, 500),
   JETGATE_HOT_CACHE_MAXLEN: int(0, 100_000, 256),
@@ -173,10 +175,14 @@ export const envSchema = z.object({
   JETGATE_FAULT_AUTH_PAUSE_MS: int(0, 60_000, 0),
   JETGATE_GATEWAY_HOST: str("0.0.0.0"),
   JETGATE_GATEWAY_PORT: int(0, 65535, 8080),
+  /** The gateway's /healthz, /readyz and /metrics: a port of their own, never the device port. */
+  JETGATE_GATEWAY_METRICS_PORT: int(0, 65535, 9090),
   JETGATE_JWT_SECRET: optionalStr,
   /** During an HS256 secret rotation: the old secret, still accepted (never used to sign). */
   JETGATE_JWT_PREVIOUS_SECRET: optionalStr,
   JETGATE_JWT_PUBLIC_KEYS_FILE: optionalStr,
+  /** Longest a device token may still be valid for (exp - now, and exp - iat when it has iat). */
+  JETGATE_JWT_MAX_LIFETIME_S: int(60, 366 * 86400, 86400),
   JETGATE_CURSOR_KEYS: keyList,
   JETGATE_SERVICE_TOKEN: optionalStr,
   JETGATE_AUTH_TIMEOUT_MS: int(100, 120_000, 5000),
@@ -195,6 +201,8 @@ export const envSchema = z.object({
   JETGATE_RATE_BURST: int(1, 100_000, 100),
   JETGATE_RATE_USER_FRAMES_PER_S: int(1, 1_000_000, 200),
   JETGATE_MAX_CONNS_PER_USER: int(1, 10_000, 16),
+  /** Distinct devices per user with stored ACK state; the least recently active one's goes first. */
+  JETGATE_MAX_DEVICES_PER_USER: int(1, 10_000, 64),
   /** Open WebSockets per client address; 0 = no limit. Carrier NAT puts many phones behind one. */
   JETGATE_MAX_CONNS_PER_IP: int(0, 1_000_000, 2000),
   /** Take the client address from the last X-Forwarded-For hop (only behind a proxy that sets it). */

@@ -47,3 +47,27 @@ export function idSchema(kind: IdKind) {
     if (problem !== undefined) ctx.addIssue({ code: "custom", message: `${kind} id ${problem}` });
   });
 }
+
+/**
+ * zod schema for a list of distinct ids of one kind, min..max long, that reports only the first bad
+ * element: a list of 10,000 bad ids costs one issue, not 10,000 (a probe's 2.09M-element array
+ * held an event loop for seconds building issues).
+ */
+export function idListSchema(kind: IdKind, opts: { min: number; max: number; noun: string }) {
+  const plural = `${opts.noun}s`;
+  return z
+    .array(z.unknown())
+    .min(opts.min, `must name at least ${opts.min === 1 ? "one" : opts.min} ${opts.min === 1 ? opts.noun : plural}`)
+    .max(opts.max, `must name at most ${opts.max} ${plural}`)
+    .superRefine((ids, ctx) => {
+      for (let i = 0; i < ids.length; i++) {
+        const problem = idProblem(kind, ids[i]);
+        if (problem !== undefined) {
+          ctx.addIssue({ code: "custom", path: [i], message: `${kind} id ${problem}` });
+          return;
+        }
+      }
+      if (new Set(ids).size !== ids.length) ctx.addIssue({ code: "custom", message: `${plural} must be unique` });
+    })
+    .transform((ids) => ids as string[]);
+}

@@ -24,3 +24,4 @@ export * from "./io/dispatch.js";
 export * from "./io/connect.js";
 export * from "./layout.js";
 export * from "./io/process.js";
+export * from "./io/ops-http.js";

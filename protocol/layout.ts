@@ -35,7 +35,17 @@ export class RedisKeys {
 
   /** Last cumulative ACK of a device. */
   deviceAck(user: string, device: string): string {
-    return `${this.user(user)}:ack:${assertId("device", device)}`;
+    return `${this.deviceAckPrefix(user)}${assertId("device", device)}`;
+  }
+
+  /** What `deviceAck` puts before the device id (the ACK script names evicted devices' keys with it). */
+  deviceAckPrefix(user: string): string {
+    return `${this.user(user)}:ack:`;
+  }
+
+  /** Sorted set of the user's devices with ACK state, scored by their last ACK (ms). */
+  devices(user: string): string {
+    return `${this.user(user)}:devs`;
   }
 
   /** Presence of a device: which gateway holds its session. */
@@ -158,11 +168,33 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return 1
 `;
 
-/** A device's cumulative ACK, upward only. KEYS: deviceAck; ARGV: seq, ttl. */
+/**
+ * A device's cumulative ACK, upward only, and the bound on devices per user: the device joins the
+ * user's set (scored by now), entries older than the TTL leave it, and over the bound the least
+ * recently active devices' ACK keys are deleted (never the calling device's). Every key is the
+ * user's, so one Cluster slot. KEYS: deviceAck, devices; ARGV: seq, ttl s, now ms, max devices,
+ * ACK key prefix, device. Returns {raised, evicted}.
+ */
 export const ACK_STORE_LUA = `
+local raised = 0
 local cur = redis.call('GET', KEYS[1])
-if (not cur) or cur < ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) return 1 end
-return 0
+if (not cur) or cur < ARGV[1] then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) raised = 1 end
+local now = tonumber(ARGV[3])
+redis.call('ZADD', KEYS[2], now, ARGV[6])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (now - tonumber(ARGV[2]) * 1000))
+local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
+local evicted = 0
+if over > 0 then
+  for _, d in ipairs(redis.call('ZRANGE', KEYS[2], 0, over)) do
+    if evicted < over and d ~= ARGV[6] then
+      redis.call('DEL', ARGV[5] .. d)
+      redis.call('ZREM', KEYS[2], d)
+      evicted = evicted + 1
+    end
+  end
+end
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return {raised, evicted}
 `;
 
 /** Claims a device's presence unless a later AUTH holds it. KEYS: presence; ARGV: value, ttl, auth ms. Returns {won, previous}. */
@@ -204,7 +236,7 @@ return 0
 export const REDIS_SCRIPTS = {
   jgApplyEntry: { lua: APPLY_ENTRY_LUA, numberOfKeys: 3 },
   jgRaiseWatermark: { lua: RAISE_WATERMARK_LUA, numberOfKeys: 1 },
-  jgAckStore: { lua: ACK_STORE_LUA, numberOfKeys: 1 },
+  jgAckStore: { lua: ACK_STORE_LUA, numberOfKeys: 2 },
   jgPresenceClaim: { lua: PRESENCE_CLAIM_LUA, numberOfKeys: 1 },
   jgPresenceRelease: { lua: PRESENCE_RELEASE_LUA, numberOfKeys: 1 },
   jgLeaseRenew: { lua: LEASE_RENEW_LUA, numberOfKeys: 1 },

@@ -245,17 +245,19 @@ export class MsgpackWriter {
 
   /**
    * Any plain value: null, boolean, number (integers as int, others float64), bigint, string,
-   * Uint8Array (bin), array, plain object (keys with undefined values are left out).
+   * Uint8Array (bin), array, plain object (keys with undefined values are left out). With
+   * `uintOnly` every number and bigint must be an unsigned integer (RangeError otherwise).
    */
-  value(v: unknown): this {
+  value(v: unknown, uintOnly = false): this {
     switch (typeof v) {
       case "string":
         return this.str(v);
       case "boolean":
         return this.bool(v);
       case "bigint":
-        return this.int(v);
+        return uintOnly ? this.uint(v) : this.int(v);
       case "number":
+        if (uintOnly) return this.uint(v);
         return Number.isSafeInteger(v) ? this.int(v) : this.float(v);
       case "undefined":
         return this.nil();
@@ -264,12 +266,12 @@ export class MsgpackWriter {
         if (v instanceof Uint8Array) return this.bin(v);
         if (Array.isArray(v)) {
           this.arrayHeader(v.length);
-          for (const item of v) this.value(item);
+          for (const item of v) this.value(item, uintOnly);
           return this;
         }
         const entries = Object.entries(v as Record<string, unknown>).filter(([, x]) => x !== undefined);
         this.mapHeader(entries.length);
-        for (const [k, x] of entries) this.str(k).value(x);
+        for (const [k, x] of entries) this.str(k).value(x, uintOnly);
         return this;
       }
       default:

@@ -132,8 +132,9 @@ async function main(): Promise<void> {
   child("worker", node[0]!, [...node.slice(1), "worker/main.ts"], env);
   child("gateway", node[0]!, [...node.slice(1), "gateway/main.ts"], env);
   const port = config.JETGATE_GATEWAY_PORT;
-  await waitUntil("the gateway", async () => (await fetch(`http://127.0.0.1:${port}/readyz`).catch(() => undefined))?.ok === true);
-  say(`gateway ready: ws://127.0.0.1:${port}/v1/ws   demo page: http://127.0.0.1:${port}/demo/?user=demo`);
+  const opsPort = config.JETGATE_GATEWAY_METRICS_PORT;
+  await waitUntil("the gateway", async () => (await fetch(`http://127.0.0.1:${opsPort}/readyz`).catch(() => undefined))?.ok === true);
+  say(`gateway ready: ws://127.0.0.1:${port}/v1/ws   demo page: http://127.0.0.1:${port}/demo/?user=demo   metrics: http://127.0.0.1:${opsPort}/metrics`);
 
   const secret = new TextEncoder().encode(config.JETGATE_JWT_SECRET!);
   const user = "demo";

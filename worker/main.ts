@@ -15,10 +15,10 @@ import {
   onShutdownSignal,
   registryLogging,
   runAsMain,
+  startOpsHttp,
 } from "../protocol/index.js";
 import { WorkerMetrics } from "./metrics.js";
 import { Worker } from "./worker.js";
-import { startWorkerHttp } from "./http.js";
 
 export async function runWorker(env: Record<string, string | undefined> = process.env): Promise<void> {
   const config = loadConfig(env, "worker");
@@ -36,7 +36,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
     { nc, redis, keys: new RedisKeys(config.JETGATE_REDIS_PREFIX), registry, metrics, log, workerId, config },
     { leaseMs: config.JETGATE_LEASE_MS },
   );
-  const http = await startWorkerHttp(config.JETGATE_WORKER_HTTP_PORT, "0.0.0.0", metrics.registry, {
+  const http = await startOpsHttp(config.JETGATE_WORKER_HTTP_PORT, config.JETGATE_METRICS_HOST, metrics.registry, {
     problems: () => {
       const p: string[] = [];
       if (nc.isClosed() || nc.isDraining()) p.push("nats");

@@ -18,7 +18,7 @@ import { z } from "zod";
 import { createInbox, headers, type Msg, type MsgHdrs, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { JetgateError } from "../errors.js";
 import { MAX_BODY_BYTES } from "../frames.js";
-import { idSchema } from "../ids.js";
+import { idListSchema, idSchema } from "../ids.js";
 import { encodeStoredEntry } from "../entry.js";
 import { entryMsgId, entrySubject } from "../subjects.js";
 import type { ShardMap } from "../registry-model.js";
@@ -30,11 +30,7 @@ export const DispatchRequestSchema = z.strictObject({
   dispatch_id: idSchema("dispatch"),
   message_id: idSchema("message"),
   lane: idSchema("lane"),
-  recipients: z
-    .array(idSchema("user"))
-    .min(1, "must name at least one recipient")
-    .max(MAX_RECIPIENTS, `must name at most ${MAX_RECIPIENTS} recipients`)
-    .refine((r) => new Set(r).size === r.length, "recipients must be unique"),
+  recipients: idListSchema("user", { min: 1, max: MAX_RECIPIENTS, noun: "recipient" }),
   body: z.instanceof(Uint8Array, { message: "must be bytes" }),
 });
 export type DispatchRequest = z.input<typeof DispatchRequestSchema>;

@@ -276,7 +276,7 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
     mailbox,
     hub,
     presence: { claim: async () => "claimed", release: async () => undefined },
-    acks: { store: async (user, device, seq) => void acks.push({ user, device, seq }) },
+    acks: { store: async (user, device, seq) => (acks.push({ user, device, seq }), 0) },
     ingress: {
       publish: async (user, _device, cmid) => {
         const dup = sent.some((x) => x.user === user && x.cmid === cmid);

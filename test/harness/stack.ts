@@ -59,9 +59,12 @@ export class JetgateProcess {
 
   constructor(
     readonly proc: ChildProcess,
+    /** The gateway's device port (WebSocket, dispatch API); the worker's HTTP port. */
     readonly httpPort: number,
     /** For logs: what it is and where it listens. */
     readonly name: string,
+    /** Health, readiness and metrics (the gateway's own listener; the worker's HTTP port). */
+    readonly opsPort: number = httpPort,
   ) {
     const collect = (d: Buffer) => {
       for (const line of d.toString().split("\n")) if (line.trim()) this.output.push(line);
@@ -86,8 +89,9 @@ export class JetgateProcess {
     return this.exitCode;
   }
 
+  /** A GET on the operations port (/healthz, /readyz, /metrics). */
   async http(path: string): Promise<{ status: number; text: string }> {
-    const res = await fetch(`http://127.0.0.1:${this.httpPort}${path}`);
+    const res = await fetch(`http://127.0.0.1:${this.opsPort}${path}`);
     return { status: res.status, text: await res.text() };
   }
 
@@ -111,26 +115,28 @@ process.on("exit", () => {
   for (const p of allProcesses) p.kill("SIGKILL");
 });
 
-/** Starts `node --import tsx <script>` with an HTTP port of its own and waits for /readyz. */
+/** Starts `node --import tsx <script>` with ports of its own and waits for /readyz. */
 async function spawnJetgate(
   what: string,
   script: string,
   portVar: string,
+  opsPortVar: string | undefined,
   env: Record<string, string>,
   extra: Record<string, string>,
   nodeArgs: string[],
 ): Promise<JetgateProcess> {
   const port = extra[portVar] !== undefined ? Number(extra[portVar]) : await freePort();
+  const opsPort = opsPortVar === undefined ? port : extra[opsPortVar] !== undefined ? Number(extra[opsPortVar]) : await freePort();
   // JETGATE_HARNESS_DIST=1 runs the compiled build (npm run build), as the container image does;
   // benchmarks use it: tsx's transform gives every function expression an own `name` property,
   // which costs memory per closure that production code does not pay
   const entry = process.env.JETGATE_HARNESS_DIST === "1" ? [`dist/${script.replace(/\.ts$/, ".js")}`] : ["--import", "tsx", script];
   const proc = spawn(process.execPath, [...nodeArgs, ...entry], {
     cwd: ROOT,
-    env: { PATH: process.env.PATH ?? "", JETGATE_GATEWAY_HOST: "127.0.0.1", ...env, ...extra, [portVar]: String(port) },
+    env: { PATH: process.env.PATH ?? "", JETGATE_GATEWAY_HOST: "127.0.0.1", ...env, ...extra, [portVar]: String(port), ...(opsPortVar ? { [opsPortVar]: String(opsPort) } : {}) },
     stdio: ["ignore", "pipe", "pipe"],
   });
-  const p = new JetgateProcess(proc, port, `${what} :${port}`);
+  const p = new JetgateProcess(proc, port, `${what} :${port}`, opsPort);
   await waitFor(`${what} on port ${port} to be ready`, async () => {
     if (proc.exitCode !== null) throw new WaitAbort(`${what} exited with ${proc.exitCode}:\n${p.output.join("\n")}`);
     return (await p.http("/readyz")).status === 200;
@@ -140,12 +146,12 @@ async function spawnJetgate(
 
 /** Starts a worker process and waits until it is ready. `nodeArgs` go before the script (e.g. --cpu-prof). */
 export function spawnWorker(env: Record<string, string>, extra: Record<string, string> = {}, nodeArgs: string[] = []): Promise<JetgateProcess> {
-  return spawnJetgate("worker", "worker/main.ts", "JETGATE_WORKER_HTTP_PORT", env, extra, nodeArgs);
+  return spawnJetgate("worker", "worker/main.ts", "JETGATE_WORKER_HTTP_PORT", undefined, env, extra, nodeArgs);
 }
 
 /** Starts a gateway process (on a free port unless `extra` names one) and waits until it is ready. */
 export function spawnGateway(env: Record<string, string>, extra: Record<string, string> = {}, nodeArgs: string[] = []): Promise<JetgateProcess> {
-  return spawnJetgate("gateway", "gateway/main.ts", "JETGATE_GATEWAY_PORT", env, extra, nodeArgs);
+  return spawnJetgate("gateway", "gateway/main.ts", "JETGATE_GATEWAY_PORT", "JETGATE_GATEWAY_METRICS_PORT", env, extra, nodeArgs);
 }
 
 /** Collects every push on `push.>`, decoded. */

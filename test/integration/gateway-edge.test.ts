@@ -152,7 +152,7 @@ test("gateway edge - the gateway refuses the pure-JS uWS fallback unless told ot
     new Promise<{ code: number | null; stopped: boolean; deadline: boolean; out: string }>((resolve) => {
       const p = spawn(process.execPath, ["--import", "tsx", "gateway/main.ts"], {
         cwd: new URL("../../", import.meta.url),
-        env: { PATH: process.env.PATH ?? "", ...infra.env, UWS_USE_FALLBACK: "1", JETGATE_GATEWAY_PORT: "0", ...extra },
+        env: { PATH: process.env.PATH ?? "", ...infra.env, UWS_USE_FALLBACK: "1", JETGATE_GATEWAY_PORT: "0", JETGATE_GATEWAY_METRICS_PORT: "0", ...extra },
       });
       let out = "";
       let stopped = false;
@@ -182,9 +182,9 @@ test("gateway edge - the gateway refuses the pure-JS uWS fallback unless told ot
   assert.equal(refused.code, 1, refused.out);
   assert.match(refused.out, /JETGATE_ALLOW_UWS_FALLBACK/);
   // allowed: it warns, and serves (ready on its port) until it is told to stop
-  const port = await freePortForTest();
-  const ready = () => fetch(`http://127.0.0.1:${port}/readyz`).then((r) => r.status === 200, () => false);
-  const allowed = await run({ JETGATE_ALLOW_UWS_FALLBACK: "true", JETGATE_GATEWAY_PORT: String(port) }, ready);
+  const [port, opsPort] = [await freePortForTest(), await freePortForTest()];
+  const ready = () => fetch(`http://127.0.0.1:${opsPort}/readyz`).then((r) => r.status === 200, () => false);
+  const allowed = await run({ JETGATE_ALLOW_UWS_FALLBACK: "true", JETGATE_GATEWAY_PORT: String(port), JETGATE_GATEWAY_METRICS_PORT: String(opsPort) }, ready);
   assert.equal(allowed.deadline, false, `it became ready within 20 s:\n${allowed.out}`);
   assert.equal(allowed.stopped, true, `it ran until stopped:\n${allowed.out}`);
   assert.match(allowed.out, /pure-JS uWebSockets.js fallback/);

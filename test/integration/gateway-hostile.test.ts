@@ -13,7 +13,11 @@ import { TestDevice, deviceToken } from "../harness/device.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
 const stack = await startStack({
-  env: { JETGATE_MAX_CONNS_PER_IP: "12", JETGATE_RATE_FRAMES_PER_S: "50", JETGATE_RATE_BURST: "100", JETGATE_RATE_USER_FRAMES_PER_S: "150" },
+  env: {
+    JETGATE_MAX_CONNS_PER_IP: "12", JETGATE_RATE_FRAMES_PER_S: "50", JETGATE_RATE_BURST: "100", JETGATE_RATE_USER_FRAMES_PER_S: "150",
+    // a lifetime past Node's 2^31 ms timer limit (24.8 days), for the timer overflow test
+    JETGATE_JWT_MAX_LIFETIME_S: String(90 * 86_400),
+  },
   gateway: {},
 });
 after(() => stack.dispose());

@@ -212,7 +212,7 @@ test("gateway live - POST /v1/dispatch: delivered end to end; 401 without the to
   dev.close();
 });
 
-test("gateway live - health, readiness and metrics on the WebSocket port", async () => {
+test("gateway live - health, readiness and metrics on their own port; the device port answers none of them", async () => {
   await dispatcher.dispatch({ dispatch_id: "met1", message_id: "met1", lane: "default", recipients: ["metered"], body: new Uint8Array(1) });
   (await live(gateway.httpPort, "metered")).close();
   assert.deepEqual(await gateway.http("/healthz"), { status: 200, text: "ok\n" });
@@ -228,6 +228,13 @@ test("gateway live - health, readiness and metrics on the WebSocket port", async
   const head = (await stack.registry.sync()).seq;
   await waitFor("the gateway reports the registry record it applied", async () => (await gateway.metric("jetgate_gateway_registry_record")) === head);
   assert.equal((await gateway.http("/nope")).status, 404);
+  assert.notEqual(gateway.opsPort, gateway.httpPort);
+  // the device port: the WebSocket path and the dispatch API, nothing that tells about the fleet
+  for (const path of ["/metrics", "/healthz", "/readyz", "/nope", "/v1/ws/../metrics"]) {
+    const r = await fetch(`http://127.0.0.1:${gateway.httpPort}${path}`);
+    assert.equal(r.status, 404, path);
+    assert.ok(!(await r.text()).includes("jetgate_"), path);
+  }
 });
 
 /** Deletes every Redis key of `user` (what a FLUSHALL takes from it) and no other: the server is shared by this file's tests. */

@@ -21,6 +21,7 @@ test("npm start - the whole stack comes up, the demo device prints what npm run 
     JETGATE_REDIS_URL: redis.url,
     JETGATE_GATEWAY_PORT: String(await freePort()),
     JETGATE_WORKER_HTTP_PORT: String(await freePort()),
+    JETGATE_GATEWAY_METRICS_PORT: String(await freePort()),
   };
   const start = spawn(process.execPath, ["--import", "tsx", "scripts/start.ts", "--state-dir", mkdtempSync(join(tmpdir(), "jetgate-demo-"))], { cwd: ROOT, env });
   let out = "";

@@ -132,3 +132,22 @@ test("codec - the SDK side drops unknown keys from gateway frames (forward compa
   assert.deepEqual(f, { t: "PONG", id: 1 });
   assert.throws(() => decodeServerFrame(pack({ t: "AUTH" })), (e: unknown) => e instanceof FrameError && e.reason === "unknown_type");
 });
+
+test("codec - every number on the wire is an unsigned integer: encoding refuses anything else, by frame and value", () => {
+  const bad = [1796061175500.5, 1e303, Infinity, -Infinity, NaN, -1, 2 ** 53];
+  for (const exp of bad) {
+    assert.throws(
+      () => encodeFrame({ t: "REFRESH_OK", exp } as ServerFrame),
+      (e: unknown) => e instanceof FrameError && e.reason === "invalid_field" && /^REFRESH_OK: every number on the wire is an unsigned integer/.test(e.message),
+      String(exp),
+    );
+  }
+  assert.throws(() => encodeFrame({ t: "GOAWAY", reason: "x", retry_ms: 0.5 }), FrameError);
+  assert.throws(() => encodeFrame({ t: "ERROR", code: "UNAVAILABLE", msg: "x", fatal: false, retry_ms: -5 }), FrameError);
+  assert.throws(() => encodeFrame({ t: "ACK", seq: -1n } as ClientFrame), FrameError);
+  // what is valid still goes out, as uints, and reads back
+  const ok = encodeFrame({ t: "REFRESH_OK", id: 7, exp: 1796061175000 });
+  assert.deepEqual(decodeServerFrame(ok), { t: "REFRESH_OK", id: 7, exp: 1796061175000 });
+  // and the encoder leaves the shared writer usable after a refusal
+  assert.deepEqual(decodeServerFrame(encodeFrame({ t: "PONG", id: 1 })), { t: "PONG", id: 1 });
+});

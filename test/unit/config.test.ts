@@ -23,6 +23,11 @@ test("config - defaults suit a local run", () => {
   assert.equal(c.JETGATE_GATEWAY_PORT, 8080);
   assert.equal(c.JETGATE_CURSOR_KEYS.length, 1);
   assert.equal(c.JETGATE_ALLOW_UWS_FALLBACK, false);
+  // health and metrics on a listener of their own, off the network unless told otherwise
+  assert.equal(c.JETGATE_METRICS_HOST, "127.0.0.1");
+  assert.equal(c.JETGATE_GATEWAY_METRICS_PORT, 9090);
+  assert.equal(c.JETGATE_JWT_MAX_LIFETIME_S, 86_400);
+  assert.equal(c.JETGATE_MAX_DEVICES_PER_USER, 64);
 });
 
 test("config - values parse into their types", () => {
@@ -50,6 +55,9 @@ test("config - each bad value is named with its variable and reason", () => {
     [{ JETGATE_CURSOR_KEYS: "short" }, /^JETGATE_CURSOR_KEYS: key 0 decodes to 3 bytes/],
     [{ JETGATE_CURSOR_KEYS: "!!!" }, /^JETGATE_CURSOR_KEYS: key 0 is not base64/],
     [{ JETGATE_REDIS_PREFIX: "a:b" }, /^JETGATE_REDIS_PREFIX: /],
+    [{ JETGATE_JWT_MAX_LIFETIME_S: "10" }, /^JETGATE_JWT_MAX_LIFETIME_S: must be between 60 and 31622400, got 10/],
+    [{ JETGATE_MAX_DEVICES_PER_USER: "0" }, /^JETGATE_MAX_DEVICES_PER_USER: must be between 1 and 10000, got 0/],
+    [{ JETGATE_GATEWAY_METRICS_PORT: "-1" }, /^JETGATE_GATEWAY_METRICS_PORT: must be between 0 and 65535/],
     [{ JETGATE_PORT: "1" }, /^JETGATE_PORT: unknown setting/],
     [{ JETGATE_ENV: "production" }, /^JETGATE_CURSOR_KEYS: required when JETGATE_ENV=production/],
     [{ JETGATE_NATS_TOKEN: "t", JETGATE_NATS_USER: "u" }, /^JETGATE_NATS_TOKEN: set one NATS authentication/],

@@ -33,6 +33,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ .Values.redis.url | quote }}
 - name: JETGATE_REDIS_CLUSTER
   value: {{ .Values.redis.cluster | quote }}
+# health and metrics listen on the pod's address (probes, Prometheus); no Service for devices has their port
+- name: JETGATE_METRICS_HOST
+  value: "0.0.0.0"
 {{- if .Values.secrets.jwtPublicKeys }}
 - name: JETGATE_JWT_PUBLIC_KEYS_FILE
   value: /etc/jetgate/jwt/keys

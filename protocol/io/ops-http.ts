@@ -1,4 +1,8 @@
-/** Worker HTTP: /healthz (process up), /readyz (NATS, Redis, registry), /metrics (Prometheus). */
+/**
+ * The operations listener of the gateway and the worker: /healthz (process up), /readyz
+ * (dependencies), /metrics (Prometheus). It is its own port, bound to JETGATE_METRICS_HOST
+ * (loopback by default), so nothing a device can reach tells it connection counts or outcomes.
+ */
 import { createServer, type Server } from "node:http";
 import type { Registry } from "prom-client";
 
@@ -7,7 +11,7 @@ export interface Readiness {
   problems(): string[];
 }
 
-export function startWorkerHttp(port: number, host: string, metrics: Registry, readiness: Readiness): Promise<Server> {
+export function startOpsHttp(port: number, host: string, metrics: Registry, readiness: Readiness): Promise<Server> {
   const server = createServer((req, res) => {
     const path = (req.url ?? "/").split("?")[0];
     if (req.method !== "GET") {
@@ -31,7 +35,7 @@ export function startWorkerHttp(port: number, host: string, metrics: Registry, r
     }
   });
   return new Promise((resolve, reject) => {
-    server.once("error", reject);
+    server.once("error", (err) => reject(new Error(`cannot listen on ${host}:${port} for health and metrics: ${err.message}`)));
     server.listen(port, host, () => resolve(server));
   });
 }
