@@ -11,26 +11,37 @@ import { assertId } from "./ids.js";
 import { seqEpoch, seqOffset, type MailboxSeq } from "./seq.js";
 import { assertShard } from "./subjects.js";
 
+/**
+ * What follows a user's `<prefix>:{u:<user>}:` in the keys the worker writes; the batch script
+ * (APPLY_BATCH_LUA) builds them from `userKeyParts`, the user and these.
+ */
+const USER_SUFFIX = { watermarks: "wm", hotCache: "hc", dedup: "dd:" } as const;
+
 export class RedisKeys {
   constructor(readonly prefix: string) {}
 
   private user(user: string): string {
-    return `${this.prefix}:{u:${assertId("user", user)}}`;
+    return `${this.prefix}:{u:${assertId("user", user)}}:`;
+  }
+
+  /** What comes before and after the user id in the start of every key of a user (for scripts that build them). */
+  userKeyParts(): [string, string] {
+    return [`${this.prefix}:{u:`, "}:"];
   }
 
   /** Hash: lane -> highest seq (20-digit decimal), WATERMARK_ALL -> highest over lanes, CACHE_COMPLETE_AFTER -> hot cache complete after. */
   watermarks(user: string): string {
-    return `${this.user(user)}:wm`;
+    return `${this.user(user)}${USER_SUFFIX.watermarks}`;
   }
 
   /** Stream of the user's latest entries (rows: CACHE_FIELDS), ids `cacheStreamId(seq)`. */
   hotCache(user: string): string {
-    return `${this.user(user)}:hc`;
+    return `${this.user(user)}${USER_SUFFIX.hotCache}`;
   }
 
   /** Dedup of one dispatch for one user: value `<log>:<offset>` of the first copy. */
   dedup(user: string, dispatchId: string): string {
-    return `${this.user(user)}:dd:${assertId("dispatch", dispatchId)}`;
+    return `${this.user(user)}${USER_SUFFIX.dedup}${assertId("dispatch", dispatchId)}`;
   }
 
   /** Last cumulative ACK of a device. */
@@ -40,17 +51,17 @@ export class RedisKeys {
 
   /** What `deviceAck` puts before the device id (the ACK script names evicted devices' keys with it). */
   deviceAckPrefix(user: string): string {
-    return `${this.user(user)}:ack:`;
+    return `${this.user(user)}ack:`;
   }
 
   /** Sorted set of the user's devices with ACK state, scored by their last ACK (ms). */
   devices(user: string): string {
-    return `${this.user(user)}:devs`;
+    return `${this.user(user)}devs`;
   }
 
   /** Presence of a device: which gateway holds its session. */
   presence(user: string, device: string): string {
-    return `${this.user(user)}:pr:${assertId("device", device)}`;
+    return `${this.user(user)}pr:${assertId("device", device)}`;
   }
 
   /** Advisory lease of a shard: value is the owner's worker id. */
@@ -118,44 +129,64 @@ export function parseCacheRow(fields: readonly Buffer[]): CacheRow | undefined {
   return { seq: seq.toString(), prev: get(CACHE_FIELDS.prev)?.toString() ?? "", lane: lane.toString(), entry, shard: shard.toString() };
 }
 
-// ---- Lua scripts (one user's keys each: one cluster slot) -----------------------------------
+// ---- Lua scripts (one user's keys each, one cluster slot; the worker's batch script one node's) ---
 
 /**
- * The worker's Redis work for one entry (worker/mailbox-script.ts says why each step is there).
- * KEYS: dedup, watermarks, hot cache. ARGV[1]: `|`-separated header (token, dedup ttl, lane, seq,
- * stream id, cache maxlen, cache ttl, watermark ttl, seq - 1, shard); ARGV[2]: the entry body.
- * Returns {first, prev, prevAll}.
+ * The worker's Redis work for a batch of entries, in one call per Redis node (worker/mailbox-script.ts
+ * says why each step is there). KEYS[1]: the first entry's watermarks key, which routes the call to
+ * its node; every entry's keys are built here from `userKeyParts` and its user (a Cluster refuses a
+ * call that declares keys of several slots; `allow-cross-slot-keys`, Redis >= 7.0, lets the script
+ * touch the other slots of its node). ARGV[1]: `key part 1|key part 2|log|shard|dedup ttl|cache
+ * maxlen|cache ttl|watermark ttl`; ARGV[2]: one `user|dispatch|offset|lane|seq|seq - 1|cache row
+ * id|body length` per entry, `;`-separated; ARGV[3]: the entry bodies, concatenated. Returns
+ * `first|prev|prevAll` per entry, `;`-separated.
  */
-export const APPLY_ENTRY_LUA = `
-local a = {}
-for x in string.gmatch(ARGV[1], '[^|]+') do a[#a + 1] = x end
-local token = a[1]
-local first = 1
-if not redis.call('SET', KEYS[1], token, 'NX', 'EX', a[2]) then
-  if redis.call('GET', KEYS[1]) ~= token then first = 0 end
-end
-local seq = a[4]
-local prev = redis.call('HGET', KEYS[2], a[3])
-if (not prev) or prev < seq then redis.call('HSET', KEYS[2], a[3], seq) end
-local prevAll = redis.call('HGET', KEYS[2], '${WATERMARK_ALL}')
-if (not prevAll) or prevAll < seq then redis.call('HSET', KEYS[2], '${WATERMARK_ALL}', seq) end
-local maxlen = tonumber(a[6])
-if maxlen > 0 then
-  local len = redis.call('XLEN', KEYS[3])
-  if len == 0 then
-    -- (re)created: complete after the user's previous seq when known, else just before this entry
-    redis.call('HSET', KEYS[2], '${CACHE_COMPLETE_AFTER}', prevAll or a[9])
-  elseif len >= maxlen or redis.call('HEXISTS', KEYS[2], '${CACHE_COMPLETE_AFTER}') == 0 then
-    -- trimming the oldest (or the hash was lost): complete after the oldest entry kept so far
-    -- (field 2 of a row is its seq: the row's first field is ${CACHE_FIELDS.seq})
-    local oldest = redis.call('XRANGE', KEYS[3], '-', '+', 'COUNT', 1)
-    redis.call('HSET', KEYS[2], '${CACHE_COMPLETE_AFTER}', oldest[1][2][2])
+export const APPLY_BATCH_LUA = `#!lua flags=allow-cross-slot-keys
+local s = {}
+for x in string.gmatch(ARGV[1], '[^|]+') do s[#s + 1] = x end
+local k1, k2, log, shard, dedupTtl, maxlen, cacheTtl, wmTtl = s[1], s[2], s[3], s[4], s[5], tonumber(s[6]), s[7], s[8]
+local out = {}
+local pos = 1
+local i = 0
+for item in string.gmatch(ARGV[2], '[^;]+') do
+  i = i + 1
+  local user, dispatch, offset, lane, seq, seqm1, rowId, blen = string.match(item, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+  blen = tonumber(blen)
+  local body = string.sub(ARGV[3], pos, pos + blen - 1)
+  pos = pos + blen
+  local base = k1 .. user .. k2
+  local wmKey = base .. '${USER_SUFFIX.watermarks}'
+  local dd = base .. '${USER_SUFFIX.dedup}' .. dispatch
+  local hc = base .. '${USER_SUFFIX.hotCache}'
+  local token = log .. ':' .. offset
+  local first = 1
+  if not redis.call('SET', dd, token, 'NX', 'EX', dedupTtl) then
+    if redis.call('GET', dd) ~= token then first = 0 end
   end
-  redis.pcall('XADD', KEYS[3], 'MAXLEN', maxlen, a[5], '${CACHE_FIELDS.seq}', seq, '${CACHE_FIELDS.prev}', prev or '', '${CACHE_FIELDS.lane}', a[3], '${CACHE_FIELDS.entry}', ARGV[2], '${CACHE_FIELDS.shard}', a[10])
-  redis.call('EXPIRE', KEYS[3], a[7])
+  local wm = redis.call('HMGET', wmKey, lane, '${WATERMARK_ALL}', '${CACHE_COMPLETE_AFTER}')
+  local prev, prevAll, ca = wm[1], wm[2], wm[3]
+  local set = {}
+  if (not prev) or prev < seq then set[#set + 1] = lane; set[#set + 1] = seq end
+  if (not prevAll) or prevAll < seq then set[#set + 1] = '${WATERMARK_ALL}'; set[#set + 1] = seq end
+  if maxlen > 0 then
+    local len = redis.call('XLEN', hc)
+    if len == 0 then
+      -- (re)created: complete after the user's previous seq when known, else just before this entry
+      set[#set + 1] = '${CACHE_COMPLETE_AFTER}'; set[#set + 1] = prevAll or seqm1
+    elseif len >= maxlen or not ca then
+      -- trimming the oldest (or the hash was lost): complete after the oldest entry kept so far
+      -- (field 2 of a row is its seq: the row's first field is ${CACHE_FIELDS.seq})
+      local oldest = redis.call('XRANGE', hc, '-', '+', 'COUNT', 1)
+      set[#set + 1] = '${CACHE_COMPLETE_AFTER}'; set[#set + 1] = oldest[1][2][2]
+    end
+    redis.pcall('XADD', hc, 'MAXLEN', maxlen, rowId, '${CACHE_FIELDS.seq}', seq, '${CACHE_FIELDS.prev}', prev or '', '${CACHE_FIELDS.lane}', lane, '${CACHE_FIELDS.entry}', body, '${CACHE_FIELDS.shard}', shard)
+    redis.call('EXPIRE', hc, cacheTtl)
+  end
+  if #set > 0 then redis.call('HSET', wmKey, unpack(set)) end
+  redis.call('EXPIRE', wmKey, wmTtl)
+  out[i] = first .. '|' .. (prev or '') .. '|' .. (prevAll or '')
 end
-redis.call('EXPIRE', KEYS[2], a[8])
-return {first, prev, prevAll}
+return table.concat(out, ';')
 `;
 
 /** Upward-only write-back of a lane watermark rebuilt from the stream. KEYS: watermarks; ARGV: lane, seq, ttl. */
@@ -234,7 +265,7 @@ return 0
  * existed ("pipeline[functionName] is not a function"), and the worker died of it in the e2e test.
  */
 export const REDIS_SCRIPTS = {
-  jgApplyEntry: { lua: APPLY_ENTRY_LUA, numberOfKeys: 3 },
+  jgApplyBatch: { lua: APPLY_BATCH_LUA, numberOfKeys: 1 },
   jgRaiseWatermark: { lua: RAISE_WATERMARK_LUA, numberOfKeys: 1 },
   jgAckStore: { lua: ACK_STORE_LUA, numberOfKeys: 2 },
   jgPresenceClaim: { lua: PRESENCE_CLAIM_LUA, numberOfKeys: 1 },

@@ -15,39 +15,38 @@
  *    epoch cannot write behind newer entries: its XADD fails and is ignored), bounded by MAXLEN and a
  *    TTL. `_ca` in the watermark hash records the seq after which the cache is complete.
  *
- * Batches are sent as concurrent calls that the client auto-pipelines (one round trip per node);
- * never one script over many users, which would cross slots on a cluster.
- *
- * Arguments: the scalar ones travel as one `|`-separated header (every field is an id or a number,
- * none can contain `|`) and the cache body as a second: ioredis spends about 1.5 us of CPU per
- * argument, so 2 arguments instead of 10 is most of the worker's Redis cost (bench/README.md).
+ * A batch goes to Redis as one script call per Redis node (APPLY_BATCH_LUA), not one per entry:
+ * ioredis spends microseconds of CPU per call and per argument, and Redis per call too. The entries
+ * keep their per-user keys (one hash tag per user, so a user's keys never move when shards split);
+ * on a Redis Cluster the batch is split by the node that serves each user's slot, and the script
+ * may touch many slots of its node (`allow-cross-slot-keys`). Arguments: one key that routes the
+ * call, and three strings for the whole batch (shared fields, the entries' headers, their bodies).
  */
-import type { RedisClient } from "../protocol/index.js";
+import clusterKeySlot from "cluster-key-slot";
+import { Cluster } from "ioredis";
+import { cacheStreamId, seqKey, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
 
 
-export interface ApplyEntryArgs {
-  dedupKey: string;
-  watermarkKey: string;
-  hotCacheKey: string;
-  /** `<log>:<offset>` of this copy. */
-  token: string;
-  dedupTtlS: number;
-  lane: string;
-  /** 20-digit seq of this entry, and of seq - 1. */
-  seq20: string;
-  seqMinus1_20: string;
-  /** Hot cache stream id `<epoch>-<offset>`. */
-  streamId: string;
-  /**
-   * The shard whose log holds the entry. A moved user's cache holds entries of parent and child
-   * (seqs of two logs): a reader takes only rows of the shard it reads.
-   */
+/** What every entry of a batch shares: its shard and log, and the settings. */
+export interface BatchShared {
+  /** The shard whose log holds the entries (a moved user's cache mixes parent and child rows). */
   shard: number;
-  /** The entry body as stored in the shard stream; the hot cache keeps it as it is. */
-  body: Uint8Array;
+  log: string;
+  dedupTtlS: number;
   hotCacheMaxLen: number;
   hotCacheTtlS: number;
   watermarkTtlS: number;
+}
+
+export interface BatchEntry {
+  user: string;
+  dispatch: string;
+  lane: string;
+  /** Stream offset in the shard's current log. */
+  offset: number;
+  seq: MailboxSeq;
+  /** The entry as stored in the shard stream; the hot cache keeps it as it is. */
+  body: Uint8Array;
 }
 
 /**
@@ -61,18 +60,49 @@ export interface ApplyEntryResult {
 }
 
 type ScriptClient = RedisClient & {
-  jgApplyEntry(dedup: string, wm: string, hc: string, header: string, body: Buffer): Promise<[number, string | null | undefined, string | null | undefined]>;
+  jgApplyBatch(route: string, head: string, headers: string, bodies: Buffer): Promise<string>;
 };
 
-/** Needs a client made with REDIS_SCRIPTS defined (connectRedis does it). */
-export function applyEntry(redis: RedisClient, a: ApplyEntryArgs): Promise<ApplyEntryResult> {
-  return (redis as ScriptClient)
-    .jgApplyEntry(
-      a.dedupKey,
-      a.watermarkKey,
-      a.hotCacheKey,
-      `${a.token}|${a.dedupTtlS}|${a.lane}|${a.seq20}|${a.streamId}|${a.hotCacheMaxLen}|${a.hotCacheTtlS}|${a.watermarkTtlS}|${a.seqMinus1_20}|${a.shard}`,
-      Buffer.from(a.body.buffer, a.body.byteOffset, a.body.byteLength),
-    )
-    .then(([status, prev, prevAll]) => ({ first: status === 1, prev: prev ?? null, prevAll: prevAll ?? null }));
+/** Needs a client made with REDIS_SCRIPTS defined (connectRedis does it). Results in entry order. */
+export async function applyBatch(redis: RedisClient, keys: RedisKeys, shared: BatchShared, entries: readonly BatchEntry[]): Promise<ApplyEntryResult[]> {
+  const results = new Array<ApplyEntryResult>(entries.length);
+  const [k1, k2] = keys.userKeyParts();
+  const head = `${k1}|${k2}|${shared.log}|${shared.shard}|${shared.dedupTtlS}|${shared.hotCacheMaxLen}|${shared.hotCacheTtlS}|${shared.watermarkTtlS}`;
+  await Promise.all(
+    byNode(redis, keys, entries).map(async ({ indexes, route }) => {
+      const headers = new Array<string>(indexes.length);
+      const bodies = new Array<Uint8Array>(indexes.length);
+      for (let j = 0; j < indexes.length; j++) {
+        const e = entries[indexes[j]!]!;
+        headers[j] = `${e.user}|${e.dispatch}|${e.offset}|${e.lane}|${seqKey(e.seq)}|${seqKey(e.seq - 1n)}|${cacheStreamId(e.seq)}|${e.body.byteLength}`;
+        bodies[j] = e.body;
+      }
+      const reply = await (redis as ScriptClient).jgApplyBatch(route, head, headers.join(";"), Buffer.concat(bodies));
+      const rows = reply.split(";");
+      if (rows.length !== indexes.length) throw new Error(`apply batch: ${rows.length} results for ${indexes.length} entries`);
+      for (let j = 0; j < rows.length; j++) {
+        const [first, prev, prevAll] = rows[j]!.split("|");
+        results[indexes[j]!] = { first: first === "1", prev: prev || null, prevAll: prevAll || null };
+      }
+    }),
+  );
+  return results;
+}
+
+/**
+ * The entries grouped by the Redis node that holds their user's keys: one group for a single Redis;
+ * on a Cluster, by the slot map ioredis keeps (a stale map makes the call fail with MOVED or a
+ * cross-slot error; the worker retries the batch and ioredis refreshes the map meanwhile).
+ */
+function byNode(redis: RedisClient, keys: RedisKeys, entries: readonly BatchEntry[]): { indexes: number[]; route: string }[] {
+  if (!(redis instanceof Cluster)) return [{ indexes: entries.map((_, i) => i), route: keys.watermarks(entries[0]!.user) }];
+  const groups = new Map<string, { indexes: number[]; route: string }>();
+  for (let i = 0; i < entries.length; i++) {
+    const wm = keys.watermarks(entries[i]!.user);
+    const node = redis.slots[clusterKeySlot(wm)]?.[0] ?? "";
+    const g = groups.get(node);
+    if (g === undefined) groups.set(node, { indexes: [i], route: wm });
+    else g.indexes.push(i);
+  }
+  return [...groups.values()];
 }

@@ -29,7 +29,6 @@ import {
 import {
   backoffCeiling,
   isWorkerConsumer,
-  cacheStreamId,
   workerConsumerName,
   bumpEpoch,
   claimEpoch,
@@ -44,7 +43,6 @@ import {
   parseEntrySubject,
   planTakeover,
   pushSubject,
-  seqKey,
   shardStream,
   type Config,
   type RedisClient,
@@ -52,7 +50,7 @@ import {
   type RedisKeys,
   type ShardState,
 } from "../protocol/index.js";
-import { applyEntry, type ApplyEntryResult } from "./mailbox-script.js";
+import { applyBatch, type ApplyEntryResult, type BatchEntry, type BatchShared } from "./mailbox-script.js";
 import type { WorkerMetrics } from "./metrics.js";
 
 export type RunnerState =
@@ -419,32 +417,20 @@ export class ShardRunner {
 
   /** The Redis work of a batch, retried with backoff while Redis is unavailable. */
   private async redisStep(items: Item[], epoch: number): Promise<ApplyEntryResult[] | undefined> {
+    if (items.length === 0) return [];
     const c = this.d.config;
-    const dedupTtl = c.JETGATE_DEDUP_TTL_S > 0 ? c.JETGATE_DEDUP_TTL_S : c.JETGATE_STREAM_MAX_AGE_S;
-    const wmTtl = Math.max(c.JETGATE_STREAM_MAX_AGE_S, c.JETGATE_HOT_CACHE_TTL_S);
-    const log = this.d.registry.state.shards.get(this.shard)!.log;
+    const shared: BatchShared = {
+      shard: this.shard,
+      log: this.d.registry.state.shards.get(this.shard)!.log,
+      dedupTtlS: c.JETGATE_DEDUP_TTL_S > 0 ? c.JETGATE_DEDUP_TTL_S : c.JETGATE_STREAM_MAX_AGE_S,
+      hotCacheMaxLen: c.JETGATE_HOT_CACHE_MAXLEN,
+      hotCacheTtlS: c.JETGATE_HOT_CACHE_TTL_S,
+      watermarkTtlS: Math.max(c.JETGATE_STREAM_MAX_AGE_S, c.JETGATE_HOT_CACHE_TTL_S),
+    };
+    const entries: BatchEntry[] = items.map((it) => ({ user: it.user, dispatch: it.dispatch, lane: it.lane, offset: it.msg.seq, seq: it.seq, body: it.msg.data }));
     for (let attempt = 0; ; attempt++) {
       try {
-        return await Promise.all(
-          items.map((it) =>
-            applyEntry(this.d.redis, {
-              dedupKey: this.d.keys.dedup(it.user, it.dispatch),
-              watermarkKey: this.d.keys.watermarks(it.user),
-              hotCacheKey: this.d.keys.hotCache(it.user),
-              token: `${log}:${it.msg.seq}`,
-              dedupTtlS: dedupTtl,
-              lane: it.lane,
-              seq20: seqKey(it.seq),
-              seqMinus1_20: seqKey(it.seq - 1n),
-              streamId: cacheStreamId(it.seq),
-              shard: this.shard,
-              body: it.msg.data,
-              hotCacheMaxLen: c.JETGATE_HOT_CACHE_MAXLEN,
-              hotCacheTtlS: c.JETGATE_HOT_CACHE_TTL_S,
-              watermarkTtlS: wmTtl,
-            }),
-          ),
-        );
+        return await applyBatch(this.d.redis, this.d.keys, shared, entries);
       } catch (err) {
         this.d.metrics.redisRetries.inc(this.label);
         if (attempt % 10 === 0) this.d.log.warn({ shard: this.shard, err: (err as Error).message, attempt }, "redis step failed; retrying");

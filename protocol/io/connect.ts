@@ -56,11 +56,19 @@ export type RedisSettings = Pick<Config, "JETGATE_REDIS_URL" | "JETGATE_REDIS_CL
  * in one round trip per node. That is how batches are sent, because an explicit pipeline cannot
  * span cluster slots.
  */
+/**
+ * Sent on their own: the worker's batch script spans many slots of one node, which an ioredis
+ * Cluster pipeline refuses ("All the keys in a pipeline command should belong to the same slot");
+ * it is one call per node and batch anyway.
+ */
+const UNPIPELINED = ["jgApplyBatch"] as const;
+
 export function connectRedis(c: RedisSettings, name: string): RedisClient {
   const tls = c.JETGATE_REDIS_CA_FILE !== undefined ? { ca: readFileSync(c.JETGATE_REDIS_CA_FILE) } : undefined;
   const base: RedisOptions = {
     connectionName: name,
     enableAutoPipelining: true,
+    autoPipeliningIgnoredCommands: [...UNPIPELINED],
     scripts: { ...REDIS_SCRIPTS },
     maxRetriesPerRequest: 2,
     // Reconnect forever with a capped backoff; callers see errors while it is down and retry.
@@ -75,6 +83,7 @@ export function connectRedis(c: RedisSettings, name: string): RedisClient {
     const first = new URL(c.JETGATE_REDIS_URL[0]!);
     return new Cluster(nodes, {
       enableAutoPipelining: true,
+      autoPipeliningIgnoredCommands: [...UNPIPELINED],
       scripts: { ...REDIS_SCRIPTS },
       clusterRetryStrategy: (times) => Math.min(100 * times, 2000),
       redisOptions: {

@@ -5,7 +5,7 @@ import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
   RedisKeys, composeSeq, encodeStoredEntry, entrySubject, halfRange, loadConfig, newLogId, shardStream, shardStreamConfig, splitShard, userHash, decodeCacheRecord, seqKey, parseCacheRow, cacheStreamId, WATERMARK_ALL, seqOffset, type Push,
 } from "../../protocol/index.js";
-import { applyEntry } from "../../worker/mailbox-script.js";
+import { applyBatch } from "../../worker/mailbox-script.js";
 import { startStack, PushCollector, redisClient, DispatchLoad } from "../harness/stack.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
@@ -79,12 +79,10 @@ test("worker - the watermark script never lowers a watermark under concurrent up
   const keys = new RedisKeys("wmtest");
   try {
     const seqs = Array.from({ length: 400 }, (_, i) => composeSeq(1 + (i % 3), 1 + Math.floor(Math.random() * 1e9)));
+    const shared = { shard: 0, log: "l", dedupTtlS: 60, hotCacheMaxLen: 0, hotCacheTtlS: 60, watermarkTtlS: 60 };
+    // batches of one and of several entries of the user, interleaved from two clients
     const call = (r: typeof r1, seq: bigint, i: number) =>
-      applyEntry(r, {
-        dedupKey: keys.dedup("u", `d${i}`), watermarkKey: keys.watermarks("u"), hotCacheKey: keys.hotCache("u"),
-        token: `l:${i}`, dedupTtlS: 60, lane: "x", seq20: seqKey(seq), seqMinus1_20: seqKey(seq - 1n), streamId: `${i + 1}-1`, shard: 0,
-        body: new Uint8Array(1), hotCacheMaxLen: 0, hotCacheTtlS: 60, watermarkTtlS: 60,
-      });
+      applyBatch(r, keys, shared, [{ user: "u", dispatch: `d${i}`, lane: "x", offset: i, seq, body: new Uint8Array(1) }]).then(([x]) => x!);
     let observedMax = 0n;
     const watcher = (async () => {
       for (let i = 0; i < 200; i++) {
