@@ -30,14 +30,14 @@ const rows: Row[] = readdirSync(`${DIR}results`)
   .filter((r) => r.summary !== true)
   .map((r) => ({ ...r, case: `${r.scenario} (${r.devices.toLocaleString("en-US")})` }));
 
-const color = { field: "system", type: "nominal", scale: { domain: ["jetgate", "uws-limit", "socketio"], range: ["#1f77b4", "#7f7f7f", "#ff7f0e"] } } as const;
+const color = { field: "system", type: "nominal", scale: { domain: ["jetgate", "uws-limit", "jetstream-limit", "socketio"], range: ["#1f77b4", "#7f7f7f", "#2ca02c", "#ff7f0e"] } } as const;
 const bars = (title: string, data: object[], field: string, axis: string, scenarioAxis = true): object => ({
   title,
   data: { values: data },
   mark: "bar",
   encoding: {
     ...(scenarioAxis ? { column: { field: "case", type: "nominal", title: null } } : {}),
-    x: { field: "system", type: "nominal", axis: { title: null, labelAngle: -30 }, sort: ["jetgate", "uws-limit", "socketio"] },
+    x: { field: "system", type: "nominal", axis: { title: null, labelAngle: -30 }, sort: ["jetgate", "uws-limit", "jetstream-limit", "socketio"] },
     y: { field, type: "quantitative", title: axis },
     color,
   },

@@ -1,7 +1,7 @@
 /**
  * The device load generator of `npm run bench`, the same for every system, run as its own process
  * (bench/compare/run.ts starts it under `ulimit -n <hard limit>`). Devices speak the system's
- * protocol: jetgate's (JWT AUTH, cursor on reconnect), the uws-limit server's (jetgate frames, AUTH
+ * protocol: jetgate's (JWT AUTH, cursor on reconnect), the uws-limit and jetstream-limit servers' (jetgate frames, AUTH
  * names the user) or Socket.IO's (socket.io-client, msgpack parser, connection state recovery).
  * Every entry body starts with its producer's wall-clock time (float64 ms), so latency is measured
  * across processes on one machine.
@@ -21,7 +21,7 @@ import { io as ioClient, type Socket } from "socket.io-client";
 import msgpackParser from "socket.io-msgpack-parser";
 import { DEV_JWT_SECRET, decodeServerFrame, encodeFrame, type CursorToken } from "../../protocol/index.js";
 
-type SystemName = "jetgate" | "uws-limit" | "socketio";
+type SystemName = "jetgate" | "uws-limit" | "jetstream-limit" | "socketio";
 const system = process.argv[2] as SystemName;
 const url = process.argv[3]!;
 const key = new TextEncoder().encode(process.env.JETGATE_JWT_SECRET ?? DEV_JWT_SECRET);

@@ -1,10 +1,10 @@
 /**
- * jetgate side by side with the ceiling of its WebSocket layer (uws-limit) and with Socket.IO, in
- * one run, on one machine, with one device load generator (bench/compare/devices.ts, its own
- * process).
+ * jetgate side by side with the ceiling of its WebSocket layer (uws-limit), the floor of storing
+ * every entry in JetStream (jetstream-limit) and Socket.IO, in one run, on one machine, with one
+ * device load generator (bench/compare/devices.ts, its own process).
  *
  *   npm run bench -- <fanout|idle|storm|catchup> [--devices N] [--seconds S] [--entries N]
- *                    [--systems jetgate,uws-limit,socketio] [--json]
+ *                    [--systems jetgate,uws-limit,jetstream-limit,socketio] [--json]
  *
  * fanout:  N devices (1,000), entries to random users: the throughput each system sustains (sent as
  *          fast as it takes them for S seconds, measured at the devices), then p50/p99
@@ -67,13 +67,23 @@ function cpuSeconds(pid: number): number {
   return f ? (Number(f[11]) + Number(f[12])) / 100 : NaN;
 }
 
-/** CPU share of each process of the system (and the device generator) between start and stop. */
+/**
+ * CPU of each process of the system (and the device generator) between start and stop: each one's
+ * share of a core, and its CPU microseconds per delivered entry (`us_per_entry`, with `total`: the
+ * system's processes together, devices excluded).
+ */
 function cpuShares(pids: Record<string, number>) {
   const t0 = performance.now();
   const c0 = Object.fromEntries(Object.entries(pids).map(([k, pid]) => [k, cpuSeconds(pid)]));
-  return () => {
+  return (delivered: number) => {
     const secs = (performance.now() - t0) / 1000;
-    return Object.entries(pids).map(([k, pid]) => `${k}:${Math.round(((cpuSeconds(pid) - c0[k]!) / secs) * 100)}%`).join(",");
+    const used = Object.fromEntries(Object.entries(pids).map(([k, pid]) => [k, cpuSeconds(pid) - c0[k]!]));
+    const usPer = Object.fromEntries(Object.entries(used).map(([k, c]) => [k, Number(((c / delivered) * 1e6).toFixed(1))]));
+    const total = Object.entries(usPer).filter(([k]) => k !== "devices").reduce((n, [, v]) => n + v, 0);
+    return {
+      shares: Object.entries(used).map(([k, c]) => `${k}:${Math.round((c / secs) * 100)}%`).join(","),
+      usPerEntry: { ...usPer, total: Number(total.toFixed(1)) },
+    };
   };
 }
 
@@ -143,7 +153,7 @@ async function fanout(sys: System, gen: LineProcess): Promise<Row> {
   const sent = await sys.sendFor(seconds, devices);
   const max = await settled(gen);
   const cpu = m.stop();
-  const cpuMax = shares();
+  const cpuMax = shares(max.received!);
   const rate = Math.round((max.received! / (max.last! - max.first!)) * 1000);
   // half load: latency is measured from a report that covers only this phase
   await gen.ask({ cmd: "report" });
@@ -152,7 +162,7 @@ async function fanout(sys: System, gen: LineProcess): Promise<Row> {
   const half = await gen.ask({ cmd: "report" });
   return {
     scenario, system: sys.name, devices, entries_per_s: rate, p50_ms: half.p50!, p99_ms: half.p99!, server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct,
-    cpu_max: cpuMax, sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received, half_rate: Math.floor(rate / 2),
+    cpu_max: cpuMax.shares, us_per_entry: cpuMax.usPerEntry, sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received, half_rate: Math.floor(rate / 2),
   };
 }
 
@@ -196,13 +206,13 @@ async function storm(sys: System, gen: LineProcess, perUser: number): Promise<Ro
   const shares = cpuShares({ ...sys.pids, devices: gen.proc.pid! });
   const r = await gen.ask({ cmd: "reconnect", expect: perUser, deadlineMs: deadlineSeconds * 1000 });
   const cpu = m.stop();
-  const cpuAll = shares();
+  const cpuAll = shares(Math.max(1, r.received!));
   await gen.ask({ cmd: "report" });
   const total = devices * perUser;
   const timedOut = (r.timed_out as unknown) === true;
   return {
     scenario, system: sys.name, devices, entries_per_s: Math.round((r.received! / r.elapsed_ms!) * 1000), p50_ms: null, p99_ms: null,
-    server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu: cpuAll, retries: r.retries, synced_ms: r.synced_ms, complete_ms: r.complete_ms,
+    server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu: cpuAll.shares, us_per_entry: cpuAll.usPerEntry, retries: r.retries, synced_ms: r.synced_ms, complete_ms: r.complete_ms,
     synced: r.synced, completed: r.completed, received: r.received, entries_behind: perUser,
     note: timedOut ? `not done after ${deadlineSeconds} s: ${r.completed} of ${devices} devices complete, ${r.received} of ${total} entries` : undefined,
   };
@@ -227,7 +237,7 @@ for (const name of systems) {
       : { ...(await storm(sys, gen, entries)), scenario };
     rows.push(row);
     if (values.json) console.log(JSON.stringify(row));
-    else console.log(Object.entries(row).filter(([, v]) => v !== undefined).map(([k, v]) => `${k}=${v}`).join("  "));
+    else console.log(Object.entries(row).filter(([, v]) => v !== undefined).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join("  "));
   } finally {
     gen.proc.stdin!.write(JSON.stringify({ cmd: "exit" }) + "\n");
     await gen.stop();
@@ -236,6 +246,9 @@ for (const name of systems) {
 }
 const rate = (s: SystemName) => rows.find((r) => r.system === s)?.entries_per_s ?? null;
 const ratio = (a: number | null, b: number | null) => (a !== null && b !== null && b > 0 ? Number((a / b).toFixed(3)) : null);
-const summary = { scenario, summary: true, ratio_vs_limit: ratio(rate("jetgate"), rate("uws-limit")), ratio_vs_socketio: ratio(rate("jetgate"), rate("socketio")), machine, date: new Date().toISOString() };
+const summary = {
+  scenario, summary: true, ratio_vs_limit: ratio(rate("jetgate"), rate("uws-limit")), ratio_vs_jetstream_limit: ratio(rate("jetgate"), rate("jetstream-limit")),
+  ratio_vs_socketio: ratio(rate("jetgate"), rate("socketio")), machine, date: new Date().toISOString(),
+};
 console.log(values.json ? JSON.stringify(summary) : Object.entries(summary).map(([k, v]) => `${k}=${v}`).join("  "));
 process.exit(0);

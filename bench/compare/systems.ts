@@ -1,18 +1,21 @@
 /**
- * The three systems `npm run bench` compares, each started fresh on its own servers:
+ * The four systems `npm run bench` compares, each started fresh on its own servers:
  * jetgate (dispatch -> JetStream -> worker -> gateway), uws-limit (bare uWebSockets.js sending from
- * memory) and socketio (Socket.IO 4.8 + msgpack parser + Redis streams adapter, a producer process).
+ * memory), jetstream-limit (the same shard streams, a bare consumer per stream sending straight to
+ * a bare uWebSockets.js server: the floor of storing every entry in JetStream) and socketio
+ * (Socket.IO 4.8 + msgpack parser + Redis streams adapter, a producer process).
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface, type Interface } from "node:readline";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { Dispatcher, RegistryClient } from "../../protocol/index.js";
-import { RedisServer, freePort } from "../../test/harness/servers.js";
+import { headers } from "@nats-io/transport-node";
+import { Dispatcher, RegistryClient, encodeStoredEntry, entrySubject } from "../../protocol/index.js";
+import { NatsServer, RedisServer, freePort } from "../../test/harness/servers.js";
 import { initStack, spawnGateway, spawnWorker, startInfra, type Infra, type JetgateProcess } from "../../test/harness/stack.js";
 import { waitFor } from "../../test/harness/wait.js";
 
-export type SystemName = "jetgate" | "uws-limit" | "socketio";
-export const SYSTEMS: SystemName[] = ["jetgate", "uws-limit", "socketio"];
+export type SystemName = "jetgate" | "uws-limit" | "jetstream-limit" | "socketio";
+export const SYSTEMS: SystemName[] = ["jetgate", "uws-limit", "jetstream-limit", "socketio"];
 
 export interface System {
   name: SystemName;
@@ -69,6 +72,7 @@ export class LineProcess {
 export async function startSystem(name: SystemName): Promise<System> {
   if (name === "jetgate") return startJetgate();
   if (name === "uws-limit") return startUwsLimit();
+  if (name === "jetstream-limit") return startJetStreamLimit();
   return startSocketio();
 }
 
@@ -89,11 +93,6 @@ async function startJetgate(): Promise<System> {
   const registry = await RegistryClient.open(nc);
   const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], maxInFlight: 5000 });
   let n = 0;
-  const body = () => {
-    const b = new Uint8Array(64);
-    new DataView(b.buffer).setFloat64(0, performance.timeOrigin + performance.now());
-    return b;
-  };
   const processed = () => worker.metric("jetgate_worker_entries_processed_total");
   return {
     name: "jetgate",
@@ -102,39 +101,11 @@ async function startJetgate(): Promise<System> {
     // the Dispatcher runs in the benchmark's own process: it is jetgate's producer
     pids: { gateway: gateway.pid, worker: worker.pid, nats: infra.nats.pid!, redis: infra.redis.pid!, producer: process.pid },
     logs: () => [...gateway.output.slice(-20), ...worker.output.slice(-20)],
-    async sendFor(seconds, users, rate) {
-      const until = performance.now() + seconds * 1000;
-      const one = () => {
+    sendFor: (seconds, users, rate) =>
+      paced(seconds, rate, 5000, () => {
         const id = `b${n++}`;
-        return d.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: [`u${Math.floor(Math.random() * users)}`], body: body() });
-      };
-      let sent = 0;
-      const inFlight = new Set<Promise<unknown>>();
-      if (rate === undefined) {
-        while (performance.now() < until) {
-          const p = one();
-          sent++;
-          inFlight.add(p);
-          void p.finally(() => inFlight.delete(p));
-          if (inFlight.size >= 5000) await Promise.race(inFlight);
-        }
-      } else {
-        const perTick = Math.max(1, Math.round(rate / 100));
-        while (performance.now() < until) {
-          const t = performance.now();
-          for (let i = 0; i < perTick; i++) {
-            const p = one();
-            inFlight.add(p);
-            void p.finally(() => inFlight.delete(p));
-          }
-          sent += perTick;
-          const wait = 10 - (performance.now() - t);
-          if (wait > 0) await new Promise((r) => setTimeout(r, wait));
-        }
-      }
-      await Promise.all(inFlight);
-      return sent;
-    },
+        return d.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: [`u${Math.floor(Math.random() * users)}`], body: stampedBody() });
+      }),
     async sendEach(users, perUser) {
       const before = await processed();
       const inFlight = new Set<Promise<unknown>>();
@@ -142,7 +113,7 @@ async function startJetgate(): Promise<System> {
       for (let k = 0; k < perUser; k++) {
         for (let u = 0; u < users; u += 100) {
           const id = `s${n++}`;
-          const p = d.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: recipients(u), body: body() });
+          const p = d.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: recipients(u), body: stampedBody() });
           inFlight.add(p);
           void p.finally(() => inFlight.delete(p));
           if (inFlight.size >= 200) await Promise.race(inFlight);
@@ -181,6 +152,103 @@ async function startUwsLimit(): Promise<System> {
       await server.ask({ cmd: "each", perUser });
     },
     stop: () => server.stop(),
+  };
+}
+
+/** An entry body: the producer's wall-clock time (float64 ms) first, for the devices' latency. */
+function stampedBody(): Uint8Array<ArrayBuffer> {
+  const b = new Uint8Array(64);
+  new DataView(b.buffer).setFloat64(0, performance.timeOrigin + performance.now());
+  return b;
+}
+
+/**
+ * Sends `one()` for `seconds`, as fast as acks come back (at most `window` in flight), or at
+ * `rate`/s in 10 ms ticks; resolves to how many were sent once all are acknowledged.
+ */
+async function paced(seconds: number, rate: number | undefined, window: number, one: () => Promise<unknown>): Promise<number> {
+  const until = performance.now() + seconds * 1000;
+  let sent = 0;
+  const inFlight = new Set<Promise<unknown>>();
+  const add = () => {
+    const p = one();
+    sent++;
+    inFlight.add(p);
+    void p.finally(() => inFlight.delete(p));
+  };
+  if (rate === undefined) {
+    while (performance.now() < until) {
+      add();
+      if (inFlight.size >= window) await Promise.race(inFlight);
+    }
+  } else {
+    const perTick = Math.max(1, Math.round(rate / 100));
+    while (performance.now() < until) {
+      const t = performance.now();
+      for (let i = 0; i < perTick; i++) add();
+      const wait = 10 - (performance.now() - t);
+      if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+    }
+  }
+  await Promise.all(inFlight);
+  return sent;
+}
+
+/**
+ * The jetstream-limit system: the producer (in this process) appends stored entries to the shard
+ * streams as the Dispatcher does (core publish with a reply inbox, a Nats-Msg-Id header) but with
+ * no per-user chain; bench/compare/jetstream-limit-server.ts consumes and sends them.
+ */
+async function startJetStreamLimit(): Promise<System> {
+  const nats = await NatsServer.start();
+  const env = { JETGATE_NATS_URL: nats.url, JETGATE_SHARDS: "4", JETGATE_LOG_LEVEL: "error" };
+  await initStack(env);
+  const port = await freePort();
+  const server = LineProcess.node("bench/compare/jetstream-limit-server.ts", [String(port), nats.url, "4"]);
+  await server.next();
+  const nc: NatsConnection = await connect({ servers: nats.url });
+  const registry = await RegistryClient.open(nc);
+  const inbox = `_INBOX.jsl.${Math.random().toString(36).slice(2)}`;
+  const acks = new Map<string, () => void>();
+  nc.subscribe(`${inbox}.*`, { callback: (_e, m) => {
+    const k = m.subject.slice(inbox.length + 1);
+    acks.get(k)?.();
+    acks.delete(k);
+  } });
+  let n = 0;
+  const append = (user: string) => new Promise<void>((resolve) => {
+    const id = `j${n++}`;
+    const h = headers();
+    h.set("Nats-Msg-Id", id);
+    acks.set(id, resolve);
+    const shard = registry.shards.shardOf(user)!;
+    nc.publish(entrySubject(shard, user, "default"), encodeStoredEntry({ id, d: id, ts: Date.now(), b: stampedBody() }) as Uint8Array<ArrayBuffer>, { reply: `${inbox}.${id}`, headers: h });
+  });
+  return {
+    name: "jetstream-limit",
+    url: `ws://127.0.0.1:${port}/v1/ws`,
+    serverPid: server.proc.pid!,
+    pids: { server: server.proc.pid!, nats: nats.pid!, producer: process.pid },
+    logs: () => [],
+    sendFor: (seconds, users, rate) => paced(seconds, rate, 5000, () => append(`u${Math.floor(Math.random() * users)}`)),
+    async sendEach(users, perUser) {
+      const inFlight = new Set<Promise<void>>();
+      for (let k = 0; k < perUser; k++) {
+        for (let u = 0; u < users; u++) {
+          const p = append(`u${u}`);
+          inFlight.add(p);
+          void p.finally(() => inFlight.delete(p));
+          if (inFlight.size >= 5000) await Promise.race(inFlight);
+        }
+      }
+      await Promise.all(inFlight);
+    },
+    async stop() {
+      await registry.close();
+      await nc.close();
+      await server.stop();
+      await nats.dispose();
+    },
   };
 }
 

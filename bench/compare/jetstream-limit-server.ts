@@ -1,0 +1,105 @@
+/**
+ * The floor of any fan-out that stores every entry in JetStream on this machine: one bare ordered
+ * pull consumer per shard stream (the same streams, settings and subjects jetgate uses) reads each
+ * entry and sends it straight to its user's socket on a bare uWebSockets.js server. No Redis, no
+ * checks, no seq work (the stream offset is the seq), no per-user chain. Devices speak the
+ * uws-limit server's protocol (AUTH names the user). Entries for a user who is offline wait in
+ * memory until the user's next AUTH.
+ *
+ *   node --import tsx bench/compare/jetstream-limit-server.ts <port> <nats url> <shards>
+ * Answers {"listening":port} once the consumers run.
+ */
+import { createInterface } from "node:readline";
+import uws from "uWebSockets.js";
+import { connect } from "@nats-io/transport-node";
+import { DeliverPolicy, jetstream } from "@nats-io/jetstream";
+import { decodeClientFrame, decodeStoredEntry, encodeEntry, encodeFrame, encodeMsgsFrame, parseEntrySubject, shardStream } from "../../protocol/index.js";
+
+const [port, natsUrl, shards] = [Number(process.argv[2]), process.argv[3]!, Number(process.argv[4])];
+const HIGH_WATER = 256 * 1024;
+
+interface Conn {
+  ws: uws.WebSocket<{ user: string }>;
+  /** Frames waiting for the socket to drain (or, before SYNCED, for the user's AUTH). */
+  queue: Uint8Array[];
+  live: boolean;
+}
+
+const byUser = new Map<string, Conn>();
+/** Frames for users who are offline, sent at their next AUTH (before SYNCED). */
+const pending = new Map<string, Uint8Array[]>();
+let delivered = 0;
+
+function flush(c: Conn): void {
+  while (c.queue.length > 0 && c.ws.getBufferedAmount() <= HIGH_WATER) c.ws.send(c.queue.shift()!, true);
+  if (!c.live && c.queue.length === 0) {
+    c.live = true;
+    c.ws.send(encodeFrame({ t: "SYNCED", seq: BigInt(delivered) }), true);
+  }
+}
+
+function deliver(user: string, frame: Uint8Array): void {
+  delivered++;
+  const c = byUser.get(user);
+  if (c === undefined) {
+    const p = pending.get(user);
+    if (p === undefined) pending.set(user, [frame]);
+    else p.push(frame);
+    return;
+  }
+  if (c.live && c.queue.length === 0 && c.ws.getBufferedAmount() <= HIGH_WATER) c.ws.send(frame, true);
+  else c.queue.push(frame);
+}
+
+uws
+  .App()
+  .ws<{ user: string }>("/v1/ws", {
+    maxPayloadLength: 64 * 1024,
+    maxBackpressure: 64 * 1024 * 1024,
+    idleTimeout: 0,
+    message: (ws, message) => {
+      const f = decodeClientFrame(new Uint8Array(message.slice(0)));
+      if (f.t !== "AUTH") return;
+      const user = f.token;
+      ws.getUserData().user = user;
+      const c: Conn = { ws, queue: pending.get(user) ?? [], live: false };
+      pending.delete(user);
+      byUser.set(user, c);
+      flush(c);
+    },
+    drain: (ws) => {
+      const c = byUser.get(ws.getUserData().user);
+      if (c?.ws === ws) flush(c);
+    },
+    close: (ws) => {
+      const user = ws.getUserData().user;
+      const c = byUser.get(user);
+      if (c?.ws === ws) {
+        byUser.delete(user);
+        if (c.queue.length > 0) pending.set(user, c.queue);
+      }
+    },
+  })
+  .listen("127.0.0.1", port, (ok) => {
+    if (!ok) throw new Error(`cannot listen on ${port}`);
+  });
+
+const nc = await connect({ servers: natsUrl });
+const js = jetstream(nc);
+for (let shard = 0; shard < shards; shard++) {
+  const consumer = await js.consumers.get(shardStream(shard), { deliver_policy: DeliverPolicy.New });
+  const messages = await consumer.consume({ max_messages: 1000 });
+  void (async () => {
+    for await (const m of messages) {
+      const subj = parseEntrySubject(m.subject);
+      if (subj === undefined) continue;
+      const e = decodeStoredEntry(m.data);
+      deliver(subj.user, encodeMsgsFrame(shard, [encodeEntry({ seq: BigInt(m.seq), id: e.id, lane: subj.lane, prev: null, ts: e.ts, b: e.b })]));
+    }
+  })();
+}
+process.stdout.write(JSON.stringify({ listening: port }) + "\n");
+
+for await (const line of createInterface({ input: process.stdin })) {
+  if ((JSON.parse(line) as { cmd: string }).cmd === "exit") process.exit(0);
+}
