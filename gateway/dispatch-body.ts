@@ -24,7 +24,32 @@ export function maxDispatchBodyBytes(maxBodyBytes: number): number {
 
 /** A request has 5 fields; a few more get the schema's own "unrecognized key" message. */
 const MAX_FIELDS = 8;
-const MAX_DEPTH = 2;
+/** Dispatches in one `POST /v1/dispatch/batch`. */
+export const MAX_BATCH_DISPATCHES = 1000;
+
+/** Per nesting depth (1 = the top level): the most items a container there may hold, and why. */
+interface Shape {
+  levels: { max: number; message: string }[];
+  /** Items of every container at this depth together (a batch's recipients over its dispatches). */
+  total?: { depth: number; max: number; message: string };
+}
+
+const tooManyRecipients = `recipients: must name at most ${MAX_RECIPIENTS} recipients`;
+export const SINGLE_SHAPE: Shape = {
+  levels: [
+    { max: MAX_FIELDS, message: `request: more than ${MAX_FIELDS} fields` },
+    { max: MAX_RECIPIENTS, message: tooManyRecipients },
+  ],
+};
+export const BATCH_SHAPE: Shape = {
+  levels: [
+    { max: MAX_FIELDS, message: `request: more than ${MAX_FIELDS} fields` },
+    { max: MAX_BATCH_DISPATCHES, message: `dispatches: at most ${MAX_BATCH_DISPATCHES} dispatches in a batch` },
+    { max: MAX_FIELDS, message: `dispatches: a dispatch with more than ${MAX_FIELDS} fields` },
+    { max: MAX_RECIPIENTS, message: tooManyRecipients },
+  ],
+  total: { depth: 4, max: MAX_RECIPIENTS, message: `dispatches: at most ${MAX_RECIPIENTS} recipients in a batch, over all its dispatches` },
+};
 
 const QUOTE = 0x22;
 const BACKSLASH = 0x5c;
@@ -43,10 +68,18 @@ export class DispatchShapeGuard {
   private inString = false;
   private escaped = false;
   /** Commas seen in each open container, by depth. */
-  private readonly commas = [0, 0, 0];
+  private readonly commas: number[];
+  /** Items counted so far at the `total` depth: its containers' commas, plus one per container. */
+  private total = 0;
+
+  constructor(private readonly shape: Shape = SINGLE_SHAPE) {
+    this.commas = new Array<number>(shape.levels.length + 1).fill(0);
+  }
 
   /** Undefined while the bytes so far fit a request; the reason as soon as they cannot. */
   feed(chunk: Uint8Array): string | undefined {
+    const levels = this.shape.levels;
+    const total = this.shape.total;
     for (let i = 0; i < chunk.length; i++) {
       const b = chunk[i]!;
       if (this.inString) {
@@ -58,14 +91,15 @@ export class DispatchShapeGuard {
       if (b === QUOTE) {
         this.inString = true;
       } else if (b === OPEN_BRACE || b === OPEN_BRACKET) {
-        if (++this.depth > MAX_DEPTH) return `request: nested deeper than ${MAX_DEPTH} levels`;
+        if (++this.depth > levels.length) return `request: nested deeper than ${levels.length} levels`;
         this.commas[this.depth] = 0;
+        if (total?.depth === this.depth && ++this.total > total.max) return total.message;
       } else if (b === CLOSE_BRACE || b === CLOSE_BRACKET) {
         if (this.depth > 0) this.depth--;
       } else if (b === COMMA && this.depth > 0) {
-        const n = ++this.commas[this.depth]!;
-        if (this.depth === 1 && n >= MAX_FIELDS) return `request: more than ${MAX_FIELDS} fields`;
-        if (this.depth === 2 && n >= MAX_RECIPIENTS) return `recipients: must name at most ${MAX_RECIPIENTS} recipients`;
+        const level = levels[this.depth - 1]!;
+        if (++this.commas[this.depth]! >= level.max) return level.message;
+        if (total?.depth === this.depth && ++this.total > total.max) return total.message;
       }
     }
     return undefined;
@@ -93,23 +127,47 @@ export interface ParsedDispatch {
   body: Uint8Array<ArrayBuffer>;
 }
 
-export type DispatchParse = { ok: true; request: ParsedDispatch } | { ok: false; error: string; field?: string };
+export const DispatchBatchSchema = z
+  .strictObject({ dispatches: z.array(DispatchBodySchema).min(1, "must hold at least one dispatch").max(MAX_BATCH_DISPATCHES, `must hold at most ${MAX_BATCH_DISPATCHES} dispatches`) })
+  .refine((b) => b.dispatches.reduce((n, d) => n + d.recipients.length, 0) <= MAX_RECIPIENTS, {
+    message: `at most ${MAX_RECIPIENTS} recipients in a batch, over all its dispatches`,
+    path: ["dispatches"],
+  });
 
-/** JSON, the request's shape and its ids; the lane and the body's size are the Dispatcher's to check. */
-export function parseDispatchBody(raw: Buffer): DispatchParse {
-  let json: unknown;
+export type DispatchParse = { ok: true; request: ParsedDispatch } | { ok: false; error: string; field?: string };
+export type DispatchBatchParse = { ok: true; requests: ParsedDispatch[] } | { ok: false; error: string; field?: string };
+
+function parseJson(raw: Buffer): { ok: true; json: unknown } | { ok: false; error: string } {
   try {
-    json = JSON.parse(raw.toString("utf8"));
+    return { ok: true, json: JSON.parse(raw.toString("utf8")) };
   } catch {
     return { ok: false, error: "body is not JSON" };
   }
-  const parsed = DispatchBodySchema.safeParse(json);
-  if (!parsed.success) {
-    const issue = parsed.error.issues[0]!;
-    const field = issue.path.join(".");
-    return { ok: false, error: `${field || "request"}: ${issue.message}`, ...(field ? { field } : {}) };
-  }
-  const b = parsed.data;
+}
+
+function firstIssue(error: z.ZodError): { ok: false; error: string; field?: string } {
+  const issue = error.issues[0]!;
+  const field = issue.path.join(".");
+  return { ok: false, error: `${field || "request"}: ${issue.message}`, ...(field ? { field } : {}) };
+}
+
+function toRequest(b: z.output<typeof DispatchBodySchema>): ParsedDispatch {
   const body = b.body !== undefined ? new TextEncoder().encode(b.body) : new Uint8Array(Buffer.from(b.body_b64!, "base64"));
-  return { ok: true, request: { dispatch_id: b.dispatch_id, message_id: b.message_id, lane: b.lane, recipients: b.recipients, body } };
+  return { dispatch_id: b.dispatch_id, message_id: b.message_id, lane: b.lane, recipients: b.recipients, body };
+}
+
+/** JSON, the request's shape and its ids; the lane and the body's size are the Dispatcher's to check. */
+export function parseDispatchBody(raw: Buffer): DispatchParse {
+  const j = parseJson(raw);
+  if (!j.ok) return j;
+  const parsed = DispatchBodySchema.safeParse(j.json);
+  return parsed.success ? { ok: true, request: toRequest(parsed.data) } : firstIssue(parsed.error);
+}
+
+/** A batch: `{"dispatches": [request, ...]}`, each checked as `parseDispatchBody` checks one. */
+export function parseDispatchBatch(raw: Buffer): DispatchBatchParse {
+  const j = parseJson(raw);
+  if (!j.ok) return j;
+  const parsed = DispatchBatchSchema.safeParse(j.json);
+  return parsed.success ? { ok: true, requests: parsed.data.dispatches.map(toRequest) } : firstIssue(parsed.error);
 }

@@ -1,7 +1,8 @@
 /**
- * The uWS adapter: WebSocket sessions on `/v1/ws` and `POST /v1/dispatch` on the device port, and
- * nothing else but the development demo page (health and metrics have a listener of their own,
- * protocol/io/ops-http.ts). The only file that touches uWS objects.
+ * The uWS adapter: WebSocket sessions on `/v1/ws` and `POST /v1/dispatch` (and its batch form,
+ * `/v1/dispatch/batch`) on the device port, and nothing else but the development demo page (health
+ * and metrics have a listener of their own, protocol/io/ops-http.ts). The only file that touches
+ * uWS objects.
  *
  * uWS rules kept here: an incoming ArrayBuffer is copied before anything else (uWS neuters it
  * when the handler returns); a socket is never touched after its close event; an HTTP response
@@ -12,8 +13,8 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { SignJWT } from "jose";
 import type * as Uws from "uWebSockets.js";
-import { DispatchValidationError, type Config, type Dispatcher } from "../protocol/index.js";
-import { DispatchShapeGuard, maxDispatchBodyBytes, parseDispatchBody, type ParsedDispatch } from "./dispatch-body.js";
+import { DispatchValidationError, type Config, type DispatchResult, type Dispatcher } from "../protocol/index.js";
+import { BATCH_SHAPE, DispatchShapeGuard, SINGLE_SHAPE, maxDispatchBodyBytes, parseDispatchBatch, parseDispatchBody, type ParsedDispatch } from "./dispatch-body.js";
 import type { SessionPorts, Transport } from "./ports.js";
 import { Session } from "./session.js";
 
@@ -102,12 +103,14 @@ export function startServer(
   });
 
   const maxDispatchBody = maxDispatchBodyBytes(config.JETGATE_MAX_BODY_BYTES);
-  app.post("/v1/dispatch", (res, req) => {
-    // headers are readable only inside this handler
-    const auth = req.getHeader("authorization");
-    const declared = req.getHeader("content-length");
-    handleDispatch(res, { auth, declared, maxBody: maxDispatchBody }, config, ctx, dispatcher);
-  });
+  for (const [path, batch] of [["/v1/dispatch", false], ["/v1/dispatch/batch", true]] as const) {
+    app.post(path, (res, req) => {
+      // headers are readable only inside this handler
+      const auth = req.getHeader("authorization");
+      const declared = req.getHeader("content-length");
+      handleDispatch(res, { auth, declared, maxBody: maxDispatchBody, batch }, config, ctx, dispatcher);
+    });
+  }
   if (config.JETGATE_DEMO_DIR !== undefined && config.JETGATE_ENV === "development") serveDemo(app, config, config.JETGATE_DEMO_DIR);
   app.any("/*", (res) => void res.writeStatus("404 Not Found").end("not found\n"));
 
@@ -171,7 +174,7 @@ function reply(res: Uws.HttpResponse, aborted: () => boolean, status: string, bo
 
 function handleDispatch(
   res: Uws.HttpResponse,
-  req: { auth: string; declared: string; maxBody: number },
+  req: { auth: string; declared: string; maxBody: number; batch: boolean },
   config: Config,
   ctx: SessionPorts,
   dispatcher: Dispatcher,
@@ -198,7 +201,7 @@ function handleDispatch(
   }
   // Every byte passes the shape guard as it arrives: a body that cannot be a request is refused at
   // the byte that shows it, and JSON.parse only ever sees a bounded document.
-  const guard = new DispatchShapeGuard();
+  const guard = new DispatchShapeGuard(req.batch ? BATCH_SHAPE : SINGLE_SHAPE);
   const chunks: Buffer[] = [];
   let size = 0;
   let answered = false;
@@ -220,9 +223,9 @@ function handleDispatch(
     const raw = Buffer.concat(chunks);
     chunks.length = 0;
     parseTurns.run(() => {
-      const parsed = parseDispatchBody(raw);
+      const parsed = req.batch ? parseDispatchBatch(raw) : parseDispatchBody(raw);
       if (!parsed.ok) return done("400 Bad Request", { error: parsed.error, field: parsed.field });
-      void dispatchRequest(parsed.request, dispatcher).then(
+      void ("requests" in parsed ? dispatchBatch(parsed.requests, dispatcher) : dispatchRequest(parsed.request, dispatcher)).then(
         (r) => done(r.status, r.body),
         (err: unknown) => {
           ctx.log.error({ err }, "dispatch failed");
@@ -254,20 +257,38 @@ const parseTurns = {
   },
 };
 
+/** `seq` is the mailbox_seq the device sees, as a decimal string (it passes 2^53 at epoch 32); `offset` the stream offset. */
+function resultsJson(results: DispatchResult[]): unknown[] {
+  return results.map((r) => ("error" in r ? r : { user: r.user, shard: r.shard, seq: r.seq.toString(), offset: r.offset, duplicate: r.duplicate }));
+}
+
 async function dispatchRequest(request: ParsedDispatch, dispatcher: Dispatcher): Promise<{ status: string; body: unknown }> {
   try {
     const results = await dispatcher.dispatch(request);
-    const failed = results.some((r) => "error" in r);
-    // `seq` is the mailbox_seq the device sees, as a decimal string (it passes 2^53 at epoch 32);
-    // `offset` is the stream offset.
-    const out = results.map((r) =>
-      "error" in r ? r : { user: r.user, shard: r.shard, seq: r.seq.toString(), offset: r.offset, duplicate: r.duplicate },
-    );
-    return { status: failed ? "502 Bad Gateway" : "200 OK", body: { results: out } };
+    return { status: results.some((r) => "error" in r) ? "502 Bad Gateway" : "200 OK", body: { results: resultsJson(results) } };
   } catch (err) {
     if (err instanceof DispatchValidationError) return { status: "400 Bad Request", body: { error: err.message, field: err.field } };
     throw err;
   }
+}
+
+/**
+ * Every dispatch of a batch is validated before any is published (a bad one: 400 naming
+ * `dispatches.<i>.<field>`, nothing appended); then all are handed to the Dispatcher in array
+ * order, so a user's entries are appended in that order.
+ */
+async function dispatchBatch(requests: ParsedDispatch[], dispatcher: Dispatcher): Promise<{ status: string; body: unknown }> {
+  for (const [i, r] of requests.entries()) {
+    try {
+      dispatcher.validate(r);
+    } catch (err) {
+      if (err instanceof DispatchValidationError) return { status: "400 Bad Request", body: { error: `dispatches.${i}.${err.message}`, field: `dispatches.${i}.${err.field}` } };
+      throw err;
+    }
+  }
+  const all = await Promise.all(requests.map((r) => dispatcher.dispatch(r)));
+  const failed = all.some((results) => results.some((r) => "error" in r));
+  return { status: failed ? "502 Bad Gateway" : "200 OK", body: { dispatches: all.map((results) => ({ results: resultsJson(results) })) } };
 }
 
 function constantTimeEqual(a: string, b: string): boolean {

@@ -212,6 +212,52 @@ test("gateway live - POST /v1/dispatch: delivered end to end; 401 without the to
   dev.close();
 });
 
+test("gateway live - POST /v1/dispatch/batch: many dispatches in one request, a user's in array order; a bad one refuses the whole batch", async () => {
+  const a = await live(gateway.httpPort, "batch-a");
+  const b = await live(gateway.httpPort, "batch-b");
+  const post = (body: unknown) =>
+    fetch(`http://127.0.0.1:${gateway.httpPort}/v1/dispatch/batch`, {
+      method: "POST",
+      headers: { authorization: "Bearer svc-secret", "content-type": "application/json" },
+      body: typeof body === "string" ? body : JSON.stringify(body),
+    });
+  const one = (id: string, recipients: string[]) => ({ dispatch_id: id, message_id: id, lane: "default", recipients, body: id });
+  const ids = Array.from({ length: 50 }, (_, i) => `bt${i}`);
+  const ok = await post({ dispatches: ids.map((id, i) => one(id, i % 2 === 0 ? ["batch-a", "batch-b"] : ["batch-a"])) });
+  assert.equal(ok.status, 200);
+  const res = (await ok.json()) as { dispatches: { results: { user: string; seq: string; duplicate: boolean }[] }[] };
+  assert.equal(res.dispatches.length, 50);
+  assert.deepEqual(res.dispatches[0]!.results.map((r) => r.user), ["batch-a", "batch-b"]);
+  await waitFor("all 50 at batch-a", () => a.entries().length === 50);
+  assert.deepEqual(a.entries().map((e) => e.id), ids, "a user's entries in the batch's order");
+  await waitFor("25 at batch-b", () => b.entries().length === 25);
+  const seqs = res.dispatches.map((d) => BigInt(d.results[0]!.seq));
+  assert.ok(seqs.every((s, i) => i === 0 || s > seqs[i - 1]!), "seqs increase in array order");
+  // validated whole before anything is appended
+  const before = a.entries().length;
+  const bad = await post({ dispatches: [one("bt-x1", ["batch-a"]), one("bt-x2", ["batch-a", "no.dots"])] });
+  assert.equal(bad.status, 400);
+  assert.deepEqual(await bad.json(), { error: "dispatches.1.recipients.1: user id may contain only A-Z a-z 0-9 _ -, got \"no.dots\"", field: "dispatches.1.recipients.1" });
+  const unknownLane = await post({ dispatches: [one("bt-y1", ["batch-a"]), { ...one("bt-y2", ["batch-a"]), lane: "gossip" }] });
+  assert.equal(unknownLane.status, 400);
+  assert.match(((await unknownLane.json()) as { error: string }).error, /^dispatches\.1\.lane: unknown lane "gossip"/);
+  const cases: [unknown, RegExp][] = [
+    [{ dispatches: [] }, /^dispatches: must hold at least one dispatch$/],
+    [{ dispatches: Array.from({ length: 1001 }, (_, i) => one(`m${i}`, ["u"])) }, /^dispatches: at most 1000 dispatches in a batch$/],
+    [{ dispatches: Array.from({ length: 3 }, (_, i) => one(`r${i}`, Array.from({ length: 4000 }, (_, j) => `u${j}`))) }, /^dispatches: at most 10000 recipients in a batch/],
+    [one("single", ["u"]), /^request: nested deeper|^request: |^dispatches: /],
+  ];
+  for (const [body, re] of cases) {
+    const r = await post(body);
+    assert.equal(r.status, 400, JSON.stringify(body).slice(0, 60));
+    assert.match(((await r.json()) as { error: string }).error, re);
+  }
+  assert.equal(await a.roundTrip(), true);
+  assert.equal(a.entries().length, before, "nothing of a refused batch was appended");
+  a.close();
+  b.close();
+});
+
 test("gateway live - health, readiness and metrics on their own port; the device port answers none of them", async () => {
   await dispatcher.dispatch({ dispatch_id: "met1", message_id: "met1", lane: "default", recipients: ["metered"], body: new Uint8Array(1) });
   (await live(gateway.httpPort, "metered")).close();

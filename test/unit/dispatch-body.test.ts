@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import fc from "fast-check";
 import { MAX_BODY_BYTES, MAX_ID_LENGTH, MAX_RECIPIENTS, loadConfig } from "../../protocol/index.js";
-import { DispatchShapeGuard, maxDispatchBodyBytes, parseDispatchBody } from "../../gateway/dispatch-body.js";
+import { BATCH_SHAPE, DispatchShapeGuard, maxDispatchBodyBytes, parseDispatchBatch, parseDispatchBody } from "../../gateway/dispatch-body.js";
 
 const id = (c: string) => c.repeat(MAX_ID_LENGTH);
 /** The largest request the Dispatcher accepts, as JSON.stringify writes it (indented, as a script might). */
@@ -93,4 +93,22 @@ test("dispatch body - parse: not JSON, wrong shapes and both bodies get a named 
   const b64 = parseDispatchBody(Buffer.from(JSON.stringify({ dispatch_id: "a", message_id: "b", lane: "c", recipients: ["u"], body_b64: "AAEC" })));
   assert.ok(b64.ok);
   assert.deepEqual([...b64.request.body], [0, 1, 2]);
+});
+
+test("dispatch body - the batch shape: 1000 dispatches, 10,000 recipients over all of them, four levels deep", () => {
+  const feed = (text: string) => new DispatchShapeGuard(BATCH_SHAPE).feed(Buffer.from(text));
+  const one = (n: number) => JSON.stringify({ dispatch_id: "d", message_id: "m", lane: "l", recipients: Array.from({ length: n }, (_, i) => `u${i}`), body: "[{,}]" });
+  assert.equal(feed(`{"dispatches":[${Array.from({ length: 1000 }, () => one(10)).join(",")}]}`), undefined);
+  assert.equal(feed(`{"dispatches":[${Array.from({ length: 2 }, () => one(5000)).join(",")}]}`), undefined);
+  assert.match(feed(`{"dispatches":[${Array.from({ length: 1001 }, () => one(1)).join(",")}]}`)!, /^dispatches: at most 1000 dispatches in a batch$/);
+  assert.match(feed(`{"dispatches":[${Array.from({ length: 3 }, () => one(4000)).join(",")}]}`)!, /^dispatches: at most 10000 recipients in a batch/);
+  assert.match(feed(`{"dispatches":[{"recipients":[["x"]]}]}`)!, /^request: nested deeper than 4 levels$/);
+  // a single request is still held to two levels
+  assert.match(new DispatchShapeGuard().feed(Buffer.from(`{"dispatches":[{}]}`))!, /nested deeper than 2 levels/);
+  const parsed = parseDispatchBatch(Buffer.from(`{"dispatches":[${one(2)},${one(3)}]}`));
+  assert.ok(parsed.ok);
+  assert.deepEqual(parsed.requests.map((r) => r.recipients.length), [2, 3]);
+  const bad = parseDispatchBatch(Buffer.from(`{"dispatches":[${one(2)},{"dispatch_id":"a.b"}]}`));
+  assert.ok(!bad.ok);
+  assert.match(bad.error, /^dispatches\.1\./);
 });
