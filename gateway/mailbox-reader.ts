@@ -333,8 +333,21 @@ export class MailboxReader implements MailboxSource {
     }
   }
 
-  /** A few entries with seq in (after, before), by direct get: for gap fills of a live session. */
+  /**
+   * A few entries with seq in (after, before), by leader gets: for gap fills of a live session.
+   * Bounded like stream reads: a burst of first entries (every push whose predecessor the worker
+   * cannot know is a gap) once sent 10,000 leader gets at once, and JetStream timed many out.
+   */
   async fill(shard: number, user: string, after: MailboxSeq, before: MailboxSeq, max = 32): Promise<Entry[] | "too_many"> {
+    await this.streamReads.acquire();
+    try {
+      return await this.fillNow(shard, user, after, before, max);
+    } finally {
+      this.streamReads.release();
+    }
+  }
+
+  private async fillNow(shard: number, user: string, after: MailboxSeq, before: MailboxSeq, max: number): Promise<Entry[] | "too_many"> {
     const s = this.shard(shard);
     const jsm = await this.manager();
     const stream = shardStream(shard);

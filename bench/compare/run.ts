@@ -146,14 +146,25 @@ async function settled(gen: LineProcess): Promise<Record<string, number>> {
   };
 }
 
+/** Messages nats-server has taken in and sent out so far (its /varz), when the system has one. */
+async function natsMessages(sys: System): Promise<number | undefined> {
+  if (sys.natsMonitorPort === undefined) return undefined;
+  const v = (await (await fetch(`http://127.0.0.1:${sys.natsMonitorPort}/varz`)).json()) as { in_msgs: number; out_msgs: number };
+  return v.in_msgs + v.out_msgs;
+}
+
 async function fanout(sys: System, gen: LineProcess): Promise<Row> {
   await gen.ask({ cmd: "connect", count: devices, prefix: "u" });
+  const natsBefore = await natsMessages(sys);
   const m = meter(sys.serverPid);
   const shares = cpuShares({ ...sys.pids, devices: gen.proc.pid! });
   const sent = await sys.sendFor(seconds, devices);
   const max = await settled(gen);
   const cpu = m.stop();
   const cpuMax = shares(max.received!);
+  const natsAfter = await natsMessages(sys);
+  // every message in and out (publishes, acks, deliveries, pull requests, consumer acks)
+  const natsPerEntry = natsBefore !== undefined && natsAfter !== undefined ? Number(((natsAfter - natsBefore) / max.received!).toFixed(2)) : undefined;
   const rate = Math.round((max.received! / (max.last! - max.first!)) * 1000);
   // half load: latency is measured from a report that covers only this phase
   await gen.ask({ cmd: "report" });
@@ -162,7 +173,7 @@ async function fanout(sys: System, gen: LineProcess): Promise<Row> {
   const half = await gen.ask({ cmd: "report" });
   return {
     scenario, system: sys.name, devices, entries_per_s: rate, p50_ms: half.p50!, p99_ms: half.p99!, server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct,
-    cpu_max: cpuMax.shares, us_per_entry: cpuMax.usPerEntry, sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received, half_rate: Math.floor(rate / 2),
+    cpu_max: cpuMax.shares, us_per_entry: cpuMax.usPerEntry, nats_msgs_per_entry: natsPerEntry, sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received, half_rate: Math.floor(rate / 2),
   };
 }
 

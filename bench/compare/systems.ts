@@ -25,6 +25,8 @@ export interface System {
   serverPid: number;
   /** Every process of the system, by role, for CPU shares. */
   pids: Record<string, number>;
+  /** nats-server's monitoring port, where the system has one: messages it handled per entry. */
+  natsMonitorPort?: number;
   /** Entries to random users of `users`, as fast as the system takes them (or at `rate`/s), for `seconds`. */
   sendFor(seconds: number, users: number, rate?: number): Promise<number>;
   /** `perUser` entries to each of users 0..users-1 while they are offline; resolves once they are stored. */
@@ -100,6 +102,7 @@ async function startJetgate(): Promise<System> {
     serverPid: gateway.pid,
     // the Dispatcher runs in the benchmark's own process: it is jetgate's producer
     pids: { gateway: gateway.pid, worker: worker.pid, nats: infra.nats.pid!, redis: infra.redis.pid!, producer: process.pid },
+    natsMonitorPort: infra.nats.monitorPort,
     logs: () => [...gateway.output.slice(-20), ...worker.output.slice(-20)],
     sendFor: (seconds, users, rate) =>
       paced(seconds, rate, 5000, () => {
@@ -229,6 +232,7 @@ async function startJetStreamLimit(): Promise<System> {
     url: `ws://127.0.0.1:${port}/v1/ws`,
     serverPid: server.proc.pid!,
     pids: { server: server.proc.pid!, nats: nats.pid!, producer: process.pid },
+    natsMonitorPort: nats.monitorPort,
     logs: () => [],
     sendFor: (seconds, users, rate) => paced(seconds, rate, 5000, () => append(`u${Math.floor(Math.random() * users)}`)),
     async sendEach(users, perUser) {

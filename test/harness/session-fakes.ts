@@ -158,8 +158,13 @@ export class FakeMailbox implements MailboxSource {
     for (let i = 0; i < got.length; i += 3) yield { entries: got.slice(i, i + 3), source: "stream" };
   }
 
+  /** Errors the next fills throw (a NATS request that timed out, say). */
+  readonly fillErrors: Error[] = [];
+
   async fill(shard: number, user: string, after: MailboxSeq, before: MailboxSeq): Promise<Entry[] | "too_many"> {
     this.check(shard);
+    const err = this.fillErrors.shift();
+    if (err !== undefined) throw err;
     const got = this.userEntries(shard, user).filter((e) => e.seq > after && e.seq < before);
     return got.length > 32 ? "too_many" : got;
   }

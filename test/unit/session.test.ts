@@ -4,6 +4,7 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { TimeoutError } from "@nats-io/transport-node";
 import {
   CloseCode,
   ErrorCode,
@@ -219,6 +220,22 @@ test("session - a push after a lost one: the gap is filled from the mailbox firs
   await t.until(() => t.liveSeqs().includes(next.entry.seq), "the push after the gap");
   assert.deepEqual(t.liveSeqs().slice(-2), [lost.entry.seq, next.entry.seq]);
   assert.equal(await r.ports.metrics.gapFills.get().then((m) => m.values[0]!.value), 1);
+});
+
+test("session - a gap fill NATS does not answer in time: UNAVAILABLE and 4503 (the device resumes by cursor), never 4500", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  const { t } = await auth(r);
+  r.mailbox.appendPush(0, U); // lost
+  const next = r.mailbox.appendPush(0, U);
+  r.mailbox.fillErrors.push(new TimeoutError());
+  r.hub.push(U, next);
+  await t.until(() => t.closed !== undefined, "the close");
+  assert.equal(t.closed!.code, CloseCode.UNAVAILABLE);
+  const err = t.of("ERROR").at(-1)!;
+  assert.equal(err.code, ErrorCode.UNAVAILABLE);
+  assert.equal(err.retry_ms, 2000);
+  assert.ok(!t.liveSeqs().includes(next.entry.seq), "nothing sent over the gap");
 });
 
 test("session - more pushes than it holds while syncing: the mailbox is read again, nothing lost", async () => {
