@@ -12,8 +12,16 @@ export const HASH_SPACE = 2 ** 32;
 // crypto.hash (Node >= 20.12) is a one-shot digest without a Hash object: about 4x cheaper.
 const oneShot = (crypto as { hash?: (alg: string, data: string, enc: "hex") => string }).hash;
 
+/** Recent users' hashes: a dispatch hashes every recipient, and the same users come back. */
+const recent = new Map<string, number>();
+const RECENT_MAX = 100_000;
+
 export function userHash(user: string): number {
+  const known = recent.get(user);
+  if (known !== undefined) return known;
   assertId("user", user);
-  if (oneShot !== undefined) return parseInt(oneShot("sha256", user, "hex").slice(0, 8), 16);
-  return crypto.createHash("sha256").update(user, "utf8").digest().readUInt32BE(0);
+  const h = oneShot !== undefined ? parseInt(oneShot("sha256", user, "hex").slice(0, 8), 16) : crypto.createHash("sha256").update(user, "utf8").digest().readUInt32BE(0);
+  if (recent.size >= RECENT_MAX) recent.clear();
+  recent.set(user, h);
+  return h;
 }

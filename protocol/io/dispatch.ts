@@ -114,14 +114,34 @@ class AckError extends Error {
   }
 }
 
+const ACK_SEQ = /^\{"stream":"[^"]*",(?:"domain":"[^"]*",)?"seq":(\d+)(,"duplicate":true)?\}$/;
+const ackText = new TextDecoder();
+
+/**
+ * A JetStream publish ack. The common shape, `{"stream":..,"seq":N[,"duplicate":true]}`, is read
+ * with one regular expression (JSON.parse and its object cost more than the rest of the ack's
+ * handling); anything else, errors included, goes through JSON.parse.
+ */
+function readAck(data: Uint8Array): { seq?: unknown; duplicate?: unknown; error?: { code?: number; description?: string } } | undefined {
+  const text = ackText.decode(data);
+  const m = ACK_SEQ.exec(text);
+  if (m !== null) return { seq: Number(m[1]), duplicate: m[2] !== undefined };
+  try {
+    const v = JSON.parse(text) as unknown;
+    return v !== null && typeof v === "object" ? (v as { seq?: unknown }) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 export class Dispatcher {
   readonly stats: DispatchStats = { appended: 0, retries: 0, failed: 0 };
   private readonly prefix = createInbox("_INBOX_JG");
   private readonly sub: Subscription;
   /** Publishes awaiting an ack, by reply token; insertion order is deadline order. */
   private readonly pending = new Map<string, Job>();
-  /** Users with a job in flight, and the jobs waiting behind it (the per-user order). */
-  private readonly users = new Map<string, Job[]>();
+  /** Users with a job in flight, and the jobs waiting behind it (the per-user order); null: none waiting. */
+  private readonly users = new Map<string, Job[] | null>();
   /** Jobs of idle users waiting for an in-flight slot. */
   private readonly waiting: Job[] = [];
   private readonly lanes: Set<string>;
@@ -212,10 +232,12 @@ export class Dispatcher {
   private schedule(job: Job): void {
     const queue = this.users.get(job.user);
     if (queue !== undefined) {
-      queue.push(job); // behind this user's job in flight: order per user
+      // behind this user's job in flight: order per user
+      if (queue === null) this.users.set(job.user, [job]);
+      else queue.push(job);
       return;
     }
-    this.users.set(job.user, []);
+    this.users.set(job.user, null);
     if (this.inFlight < this.maxInFlight) this.send(job);
     else this.waiting.push(job);
   }
@@ -265,8 +287,7 @@ export class Dispatcher {
     call.results[job.index] = result;
     if (--call.remaining === 0) call.resolve(call.results);
     // The slot passes to this user's next job, else to the next waiting job of another user.
-    const queue = this.users.get(job.user)!;
-    const next = queue.shift();
+    const next = this.users.get(job.user)?.shift();
     if (next !== undefined) {
       next.attempt = 0;
       this.inFlight--;
@@ -289,10 +310,8 @@ export class Dispatcher {
       this.failedAttempt(job, new AckError(`${msg.headers.code} ${msg.headers.description}`, msg.headers.code === 503));
       return;
     }
-    let body: { seq?: unknown; duplicate?: unknown; error?: { code?: number; description?: string } };
-    try {
-      body = msg.json();
-    } catch {
+    const body = readAck(msg.data);
+    if (body === undefined) {
       this.failedAttempt(job, new AckError("unreadable ack", true));
       return;
     }
