@@ -9,7 +9,7 @@
  * Commands, one JSON object per stdin line; one JSON answer per stdout line:
  *   {"cmd":"connect","count":N,"prefix":"u"}  -> {"ready":N,"ms":..}  (all SYNCED / connected)
  *   {"cmd":"report"}                          -> {"received","first","last","p50","p99","max"}
- *   {"cmd":"wait","expect":K}                 -> {"waited_ms"}        (each device has K entries)
+ *   {"cmd":"wait","expect":K,"deadlineMs":D}  -> {"waited_ms","timed_out"}  (each device has K entries)
  *   {"cmd":"drop"}                            -> {"dropped":N}        (sockets closed as by a network loss)
  *   {"cmd":"reconnect","expect":K,"deadlineMs":D} -> {"synced_ms","complete_ms","synced","completed","received","timed_out"}
  *   {"cmd":"exit"}
@@ -154,10 +154,13 @@ for await (const line of lines) {
     latencies = [];
     first = last = 0;
   } else if (cmd.cmd === "wait") {
-    // every device has received `expect` entries on its current connection
+    // every device has received `expect` entries on its current connection, or the deadline passed
+    // (a device the server closed for good would otherwise hold the run forever)
     const t0 = now();
-    while (devices.some((d) => d.received < (cmd.expect ?? 0))) await new Promise((r) => setTimeout(r, 10));
-    send({ waited_ms: Math.round(now() - t0) });
+    const deadline = t0 + (cmd.deadlineMs ?? 120_000);
+    while (devices.some((d) => d.received < (cmd.expect ?? 0)) && now() < deadline) await new Promise((r) => setTimeout(r, 10));
+    const short = devices.filter((d) => d.received < (cmd.expect ?? 0)).length;
+    send({ waited_ms: Math.round(now() - t0), timed_out: short > 0, short });
   } else if (cmd.cmd === "drop") {
     for (const d of devices) d.drop();
     send({ dropped: devices.length });

@@ -205,7 +205,8 @@ async function storm(sys: System, gen: LineProcess, perUser: number): Promise<Ro
   // in sync first (each device has its user's latest entry), then offline while entries arrive
   step("one entry each");
   await sys.sendEach(devices, 1);
-  await gen.ask({ cmd: "wait", expect: 1 });
+  const first = await gen.ask({ cmd: "wait", expect: 1, deadlineMs: deadlineSeconds * 1000 });
+  if ((first.timed_out as unknown) === true) throw new Error(`${first.short} devices never got their first entry within ${deadlineSeconds} s:\n${sys.logs().join("\n")}`);
   step("drop");
   await gen.ask({ cmd: "drop" });
   await sleep(1000);
