@@ -17,6 +17,7 @@ import { jetstreamManager } from "@nats-io/jetstream";
 import { Dispatcher, RegistryClient } from "../protocol/index.js";
 import { startInfra, initStack, spawnWorker, type JetgateProcess } from "../test/harness/stack.js";
 import { waitFor } from "../test/harness/wait.js";
+import { Window } from "./window.js";
 
 const { values } = parseArgs({
   options: {
@@ -46,7 +47,7 @@ function report(phase: string, data: Record<string, number | string>): void {
 
 async function dispatchAll(d: Dispatcher, prefix: string, total: number): Promise<number> {
   const started = performance.now();
-  const inFlight = new Set<Promise<unknown>>();
+  const inFlight = new Window(200);
   let sent = 0;
   let u = 0;
   while (sent < total) {
@@ -56,13 +57,11 @@ async function dispatchAll(d: Dispatcher, prefix: string, total: number): Promis
     const p = d.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients, body }).then((r) => {
       for (const x of r) if ("error" in x) throw new Error(x.error.message);
     });
-    inFlight.add(p);
-    void p.finally(() => inFlight.delete(p));
     sent += n;
     // Bounded dispatch calls in flight; the Dispatcher bounds publishes itself.
-    if (inFlight.size >= 200) await Promise.race(inFlight);
+    await inFlight.add(p);
   }
-  await Promise.all(inFlight);
+  await inFlight.drained();
   return (performance.now() - started) / 1000;
 }
 
@@ -97,7 +96,9 @@ try {
 
   // Drain: one worker takes all shards and works off the backlog.
   const drainStart = performance.now();
-  worker = await spawnWorker(infra.env, { JETGATE_WORKER_ID: "bench" });
+  // BENCH_PROFILE=worker: the worker runs under --cpu-prof (profile written on SIGTERM)
+  const prof = process.env.BENCH_PROFILE === "worker" ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR ?? "bench/profiles"}`] : [];
+  worker = await spawnWorker(infra.env, { JETGATE_WORKER_ID: "bench" }, prof);
   await waitFor("worker owns every shard", async () => (await worker!.metric("jetgate_worker_lease_held")) === Number(values.shards), { timeoutMs: 30_000 });
   const w0 = cpuSeconds(worker.pid);
   const r0 = cpuSeconds(redisPid);
@@ -135,6 +136,6 @@ try {
   await registry.close();
   await nc.close();
 } finally {
-  await worker?.kill();
+  await worker?.kill(process.env.BENCH_PROFILE ? "SIGTERM" : "SIGKILL");
   await infra.dispose();
 }

@@ -18,6 +18,7 @@ import { connect } from "@nats-io/transport-node";
 import { Dispatcher, RegistryClient } from "../protocol/index.js";
 import { startInfra, initStack, spawnWorker, spawnGateway, type JetgateProcess } from "../test/harness/stack.js";
 import { waitFor } from "../test/harness/wait.js";
+import { Window } from "./window.js";
 
 const { values } = parseArgs({
   options: {
@@ -77,14 +78,9 @@ try {
   // max: as fast as possible, bounded in flight
   const cpu0 = cpuNow();
   const t0 = performance.now();
-  const inFlight = new Set<Promise<unknown>>();
-  for (let i = 0; i < entries; i++) {
-    const p = one();
-    inFlight.add(p);
-    void p.finally(() => inFlight.delete(p));
-    if (inFlight.size >= 5000) await Promise.race(inFlight);
-  }
-  await Promise.all(inFlight);
+  const inFlight = new Window(5000);
+  for (let i = 0; i < entries; i++) await inFlight.add(one());
+  await inFlight.drained();
   await waitFor("all delivered", async () => (await gateway.metric("jetgate_gateway_frames_out_total", { type: "MSGS" })) >= entries, { timeoutMs: 300_000, intervalMs: 200 });
   const max = await report();
   const rate = Math.round((max.received! / (max.last! - max.first!)) * 1000);

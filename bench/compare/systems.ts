@@ -13,6 +13,7 @@ import { Dispatcher, RegistryClient, encodeStoredEntry, entrySubject } from "../
 import { NatsServer, RedisServer, freePort } from "../../test/harness/servers.js";
 import { initStack, spawnGateway, spawnWorker, startInfra, type Infra, type JetgateProcess } from "../../test/harness/stack.js";
 import { waitFor } from "../../test/harness/wait.js";
+import { Window } from "../window.js";
 
 export type SystemName = "jetgate" | "uws-limit" | "jetstream-limit" | "socketio";
 export const SYSTEMS: SystemName[] = ["jetgate", "uws-limit", "jetstream-limit", "socketio"];
@@ -166,39 +167,6 @@ function stampedBody(): Uint8Array<ArrayBuffer> {
  * Sends `one()` for `seconds`, as fast as acks come back (at most `window` in flight), or at
  * `rate`/s in 10 ms ticks; resolves to how many were sent once all are acknowledged.
  */
-/**
- * At most `size` promises in flight, counted, with one waiter: a Promise.race over the window per
- * send subscribes to every promise in it each time (5,000 at a time here), and that was most of
- * the producers' CPU in the benchmark before.
- */
-class Window {
-  private inFlight = 0;
-  private wake: (() => void) | undefined;
-  constructor(private readonly size: number) {}
-
-  private readonly settled = () => {
-    this.inFlight--;
-    const w = this.wake;
-    this.wake = undefined;
-    w?.();
-  };
-
-  track(p: Promise<unknown>): void {
-    this.inFlight++;
-    p.then(this.settled, this.settled);
-  }
-
-  /** Tracks `p`; resolves once there is room for the next one (one caller at a time). */
-  async add(p: Promise<unknown>): Promise<void> {
-    this.track(p);
-    while (this.inFlight >= this.size) await new Promise<void>((r) => (this.wake = r));
-  }
-
-  async drained(): Promise<void> {
-    while (this.inFlight > 0) await new Promise<void>((r) => (this.wake = r));
-  }
-}
-
 async function paced(seconds: number, rate: number | undefined, window: number, one: () => Promise<unknown>): Promise<number> {
   const until = performance.now() + seconds * 1000;
   const w = new Window(window);
