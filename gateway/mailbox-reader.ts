@@ -10,7 +10,7 @@
  * rebuilt from the stream with `last_by_subj`).
  */
 import { randomBytes } from "node:crypto";
-import type { NatsConnection } from "@nats-io/transport-node";
+import { ClosedConnectionError, NoRespondersError, RequestError, TimeoutError, type NatsConnection } from "@nats-io/transport-node";
 import { AckPolicy, DeliverPolicy, jetstream, jetstreamManager, type JetStreamManager, type MsgRequest } from "@nats-io/jetstream";
 import {
   decodeCacheRecord,
@@ -36,7 +36,7 @@ import {
   type ShardState,
 } from "../protocol/index.js";
 import type { ShardBounds } from "./auth-decision.js";
-import { ShardNotReadyError } from "./gather.js";
+import { ShardNotReadyError, UnavailableError } from "./gather.js";
 import type { MailboxSource, ReadOptions, Source, Watermarks } from "./ports.js";
 import { firstOffsetAbove } from "./positions.js";
 
@@ -54,6 +54,21 @@ function leaderGet(jsm: JetStreamManager, stream: string, query: { last_by_subj:
 }
 
 const BOUNDS_CACHE_MS = 1000;
+/** How soon a device closed because its stream did not answer should come back. */
+const NOT_ANSWERED_RETRY_MS = 2000;
+
+/**
+ * What a failed stream call of `shard` means to a session: a stream the registry names but that is
+ * not there is not ready; NATS request and connection failures (JetStream did not answer, which
+ * says nothing of the data) are unavailable; anything else stays as it is.
+ */
+export function streamCallError(err: unknown, shard: number, inRegistry: boolean): unknown {
+  if (isNotFound(err) && inRegistry) return new ShardNotReadyError(shard, { cause: err });
+  if (err instanceof TimeoutError || err instanceof RequestError || err instanceof NoRespondersError || err instanceof ClosedConnectionError) {
+    return new UnavailableError(`shard ${shard}'s stream did not answer (${err.message}); reconnect`, NOT_ANSWERED_RETRY_MS, { cause: err });
+  }
+  return err;
+}
 /** Stream reads (each a short-lived consumer) at once per gateway. */
 const STREAM_READS = 32;
 
@@ -105,15 +120,15 @@ export class MailboxReader implements MailboxSource {
 
   /**
    * A stream call for a shard the registry names: a stream that is not there (yet) is "not ready",
-   * never an internal error (a split records its child before some process sees its stream, or an
-   * operator is moving it).
+   * and a JetStream that does not answer (a burst of requests timed out, a leader moving, the
+   * connection down) is "unavailable": neither is an internal error. A split records its child
+   * before some process sees its stream; a storm of first entries once timed 217 gap fills out.
    */
   private async onStream<T>(shard: number, call: () => Promise<T>): Promise<T> {
     try {
       return await call();
     } catch (err) {
-      if (isNotFound(err) && this.registry.state.shards.has(shard)) throw new ShardNotReadyError(shard, { cause: err });
-      throw err;
+      throw streamCallError(err, shard, this.registry.state.shards.has(shard));
     }
   }
 
@@ -276,7 +291,7 @@ export class MailboxReader implements MailboxSource {
       const startOffset = Math.max(firstOffsetAbove(s, after), info.state.first_seq);
       untilOffset = until === undefined ? last : Math.min(last, Number(seqOffset(until)));
       if (startOffset > untilOffset || limit <= 0) return;
-      created = await jsm.consumers.add(stream, {
+      created = await this.onStream(shard, () => jsm.consumers.add(stream, {
         name,
         filter_subject: userSubjects(shard, user),
         deliver_policy: DeliverPolicy.StartSequence,
@@ -284,8 +299,8 @@ export class MailboxReader implements MailboxSource {
         ack_policy: AckPolicy.None,
         mem_storage: true,
         inactive_threshold: 30_000_000_000,
-      });
-      consumer = await this.js.consumers.get(stream, name);
+      }));
+      consumer = await this.onStream(shard, () => this.js.consumers.get(stream, name));
     } catch (err) {
       if (created !== undefined) await jsm.consumers.delete(stream, name).catch(() => undefined);
       throw err;

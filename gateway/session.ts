@@ -33,7 +33,6 @@ import {
 import { planAnswer, type AnswerFor } from "./answer.js";
 import type { CursorIn } from "./auth-decision.js";
 import { Delivery } from "./delivery.js";
-import { ClosedConnectionError, NoRespondersError, RequestError, TimeoutError } from "@nats-io/transport-node";
 import { gatherAndDecide, ShardNotReadyError, UnavailableError, type Gathered } from "./gather.js";
 import { pullRanges } from "./positions.js";
 import type { HubMember, SessionPorts, Transport, Watermarks } from "./ports.js";
@@ -48,13 +47,8 @@ export type SessionState =
   | { type: "live" }
   | { type: "closed"; code: number };
 
-/** How soon a device closed because NATS did not answer a read should come back. */
-const DEPENDENCY_RETRY_MS = 2000;
-
-/** NATS request and connection failures: a dependency that did not answer, not a fault of the session. */
-function isDependencyError(err: unknown): boolean {
-  return err instanceof TimeoutError || err instanceof RequestError || err instanceof NoRespondersError || err instanceof ClosedConnectionError || err instanceof ShardNotReadyError;
-}
+/** How soon a device closed because a live read found its shard not ready should come back. */
+const SHARD_NOT_READY_RETRY_MS = 2000;
 
 /** An entry's bytes, encoded once however many sessions send it (fan-out shares the Entry object). */
 const encodings = new WeakMap<Entry, Uint8Array>();
@@ -257,16 +251,12 @@ export class Session implements HubMember {
       .then(step)
       .catch((err: unknown) => {
         if (this.closed) return;
-        if (err instanceof UnavailableError) {
+        // A dependency that did not answer, or a live read of a shard whose stream is not there
+        // yet: the device resumes by cursor and loses nothing (4500 would name a server fault).
+        if (err instanceof UnavailableError || err instanceof ShardNotReadyError) {
           this.p.log.warn({ err: err.message, session: this.id, user: this.user }, "session step: not ready");
-          this.fail(Disconnect.UNAVAILABLE, err.message, { retry_ms: err.retryMs });
-          return;
-        }
-        if (isDependencyError(err)) {
-          // NATS or JetStream did not answer in time (a burst, a leader moving): the device comes
-          // back with its cursor and loses nothing; a server fault (4500) would be the wrong name
-          this.p.log.warn({ err: (err as Error).message, session: this.id, user: this.user }, "session step: a dependency did not answer");
-          this.fail(Disconnect.UNAVAILABLE, `a read did not complete (${(err as Error).message}); reconnect`, { retry_ms: DEPENDENCY_RETRY_MS });
+          const retryMs = err instanceof UnavailableError ? err.retryMs : SHARD_NOT_READY_RETRY_MS;
+          this.fail(Disconnect.UNAVAILABLE, err.message, { retry_ms: retryMs });
           return;
         }
         this.p.log.error({ err, session: this.id, user: this.user }, "session step failed");

@@ -4,7 +4,6 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { TimeoutError } from "@nats-io/transport-node";
 import {
   CloseCode,
   ErrorCode,
@@ -22,6 +21,9 @@ import {
   type ShardState,
   cursorSigner,
 } from "../../protocol/index.js";
+import { RequestError, TimeoutError } from "@nats-io/transport-node";
+import { UnavailableError } from "../../gateway/gather.js";
+import { streamCallError } from "../../gateway/mailbox-reader.js";
 import type { Session } from "../../gateway/session.js";
 import { CURSOR_KEY, sessionRig, type RecordingTransport, type SessionRig } from "../harness/session-fakes.js";
 
@@ -222,13 +224,13 @@ test("session - a push after a lost one: the gap is filled from the mailbox firs
   assert.equal(await r.ports.metrics.gapFills.get().then((m) => m.values[0]!.value), 1);
 });
 
-test("session - a gap fill NATS does not answer in time: UNAVAILABLE and 4503 (the device resumes by cursor), never 4500", async () => {
+test("session - a gap fill whose stream does not answer (the port's UnavailableError): UNAVAILABLE and 4503, never 4500", async () => {
   const r = rig();
   r.mailbox.append(0, U);
   const { t } = await auth(r);
   r.mailbox.appendPush(0, U); // lost
   const next = r.mailbox.appendPush(0, U);
-  r.mailbox.fillErrors.push(new TimeoutError());
+  r.mailbox.fillErrors.push(new UnavailableError("shard 0's stream did not answer (timeout); reconnect", 2000));
   r.hub.push(U, next);
   await t.until(() => t.closed !== undefined, "the close");
   assert.equal(t.closed!.code, CloseCode.UNAVAILABLE);
@@ -333,4 +335,14 @@ test("session - mid-session rebases across two splits: each hop in order, no ent
   assert.deepEqual(t.liveSeqs(), want);
   const rebases = t.of("ERROR").filter((e) => e.code === ErrorCode.CURSOR_REBASED);
   assert.deepEqual(rebases.map((e) => e.new_cursor!.shard), [2, 3]);
+});
+
+test("session - the stream reader's errors: not there is not ready, not answered is unavailable, the rest unchanged", () => {
+  const timeout = streamCallError(new TimeoutError(), 3, true);
+  assert.ok(timeout instanceof UnavailableError);
+  assert.equal(timeout.retryMs, 2000);
+  assert.match(timeout.message, /^shard 3's stream did not answer \(timeout\); reconnect$/);
+  assert.ok(streamCallError(new RequestError("request failed"), 3, true) instanceof UnavailableError);
+  const bug = new TypeError("a bug");
+  assert.equal(streamCallError(bug, 3, true), bug);
 });
