@@ -272,23 +272,16 @@ async function dispatchRequest(request: ParsedDispatch, dispatcher: Dispatcher):
   }
 }
 
-/**
- * Every dispatch of a batch is validated before any is published (a bad one: 400 naming
- * `dispatches.<i>.<field>`, nothing appended); then all are handed to the Dispatcher in array
- * order, so a user's entries are appended in that order.
- */
+/** A batch: the Dispatcher validates every dispatch before it appends any (`dispatchMany`). */
 async function dispatchBatch(requests: ParsedDispatch[], dispatcher: Dispatcher): Promise<{ status: string; body: unknown }> {
-  for (const [i, r] of requests.entries()) {
-    try {
-      dispatcher.validate(r);
-    } catch (err) {
-      if (err instanceof DispatchValidationError) return { status: "400 Bad Request", body: { error: `dispatches.${i}.${err.message}`, field: `dispatches.${i}.${err.field}` } };
-      throw err;
-    }
+  try {
+    const all = await dispatcher.dispatchMany(requests);
+    const failed = all.some((results) => results.some((r) => "error" in r));
+    return { status: failed ? "502 Bad Gateway" : "200 OK", body: { dispatches: all.map((results) => ({ results: resultsJson(results) })) } };
+  } catch (err) {
+    if (err instanceof DispatchValidationError) return { status: "400 Bad Request", body: { error: err.message, field: err.field } };
+    throw err;
   }
-  const all = await Promise.all(requests.map((r) => dispatcher.dispatch(r)));
-  const failed = all.some((results) => results.some((r) => "error" in r));
-  return { status: failed ? "502 Bad Gateway" : "200 OK", body: { dispatches: all.map((results) => ({ results: resultsJson(results) })) } };
 }
 
 function constantTimeEqual(a: string, b: string): boolean {

@@ -39,9 +39,12 @@ const REQUEST_FIELDS = new Set(["dispatch_id", "message_id", "lane", "recipients
 /** Bad input: nothing of this dispatch was published. `field` names what was wrong. */
 export class DispatchValidationError extends JetgateError {
   readonly field: string;
+  /** The message without its field. */
+  readonly reason: string;
   constructor(field: string, message: string) {
     super("DISPATCH_INVALID", `${field}: ${message}`);
     this.field = field;
+    this.reason = message;
   }
 }
 
@@ -213,6 +216,28 @@ export class Dispatcher {
     } catch (err) {
       return Promise.reject(err instanceof Error ? err : new Error(String(err)));
     }
+    return this.append(r);
+  }
+
+  /**
+   * Many dispatches: every one is validated before any is appended (a bad one throws
+   * DispatchValidationError with its index, `dispatches.<i>.<field>`, and nothing is published),
+   * then all are appended in array order, so a user's entries keep that order.
+   */
+  dispatchMany(reqs: readonly DispatchRequest[]): Promise<DispatchResult[][]> {
+    const valid: ReturnType<Dispatcher["validate"]>[] = [];
+    for (const [i, req] of reqs.entries()) {
+      try {
+        valid.push(this.validate(req));
+      } catch (err) {
+        if (err instanceof DispatchValidationError) return Promise.reject(new DispatchValidationError(`dispatches.${i}.${err.field}`, err.reason));
+        return Promise.reject(err instanceof Error ? err : new Error(String(err)));
+      }
+    }
+    return Promise.all(valid.map((r) => this.append(r)));
+  }
+
+  private append(r: ReturnType<Dispatcher["validate"]>): Promise<DispatchResult[]> {
     const data = encodeStoredEntry({ id: r.message_id, d: r.dispatch_id, ts: Date.now(), b: r.body as Uint8Array<ArrayBuffer> });
     return new Promise((resolve) => {
       const call: Call = { results: new Array<DispatchResult>(r.recipients.length), remaining: r.recipients.length, resolve };

@@ -176,3 +176,24 @@ test("dispatch - the result's seq is the mailbox_seq the entry is pushed with (a
     await pushes.close();
   }
 });
+
+test("dispatch - dispatchMany: all validated before any is appended; then each user's entries in array order", async () => {
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
+  const before = await streamCount();
+  const one = (id: string, recipients: string[]) => ({ dispatch_id: id, message_id: id, lane: "default", recipients, body: new Uint8Array([1]) });
+  await assert.rejects(d.dispatchMany([one("dm1", ["ann"]), one("dm2", ["ann", "b.b"])]), (e: unknown) => {
+    assert.ok(e instanceof DispatchValidationError);
+    assert.equal(e.field, "dispatches.1.recipients.1");
+    assert.match(e.message, /^dispatches\.1\.recipients\.1: user id may contain only/);
+    return true;
+  });
+  assert.equal(await streamCount(), before, "nothing of the refused batch was published");
+  const all = await d.dispatchMany(Array.from({ length: 20 }, (_, i) => one(`dm-ok${i}`, ["ann", "ben"])));
+  const seqs = all.map((results) => {
+    const r = results[0]!;
+    assert.ok("seq" in r);
+    return r.seq;
+  });
+  assert.ok(seqs.every((s, i) => i === 0 || s > seqs[i - 1]!), "ann's entries in array order");
+  d.close();
+});
