@@ -10,16 +10,16 @@
  * Answers {"listening":port} once the consumers run.
  */
 import { createInterface } from "node:readline";
-import uws from "uWebSockets.js";
 import { connect } from "@nats-io/transport-node";
 import { DeliverPolicy, jetstream } from "@nats-io/jetstream";
-import { decodeClientFrame, decodeStoredEntry, encodeEntry, encodeFrame, encodeMsgsFrame, parseEntrySubject, shardStream } from "../../protocol/index.js";
+import { listenBare, type BareSocket } from "./bare-ws.js";
+import { decodeStoredEntry, encodeEntry, encodeFrame, encodeMsgsFrame, parseEntrySubject, shardStream } from "../../protocol/index.js";
 
 const [port, natsUrl, shards] = [Number(process.argv[2]), process.argv[3]!, Number(process.argv[4])];
 const HIGH_WATER = 256 * 1024;
 
 interface Conn {
-  ws: uws.WebSocket<{ user: string }>;
+  ws: BareSocket;
   /** Frames waiting for the socket to drain (or, before SYNCED, for the user's AUTH). */
   queue: Uint8Array[];
   live: boolean;
@@ -51,38 +51,18 @@ function deliver(user: string, frame: Uint8Array): void {
   else c.queue.push(frame);
 }
 
-uws
-  .App()
-  .ws<{ user: string }>("/v1/ws", {
-    maxPayloadLength: 64 * 1024,
-    maxBackpressure: 64 * 1024 * 1024,
-    idleTimeout: 0,
-    message: (ws, message) => {
-      const f = decodeClientFrame(new Uint8Array(message.slice(0)));
-      if (f.t !== "AUTH") return;
-      const user = f.token;
-      ws.getUserData().user = user;
-      const c: Conn = { ws, queue: pending.get(user) ?? [], live: false };
-      pending.delete(user);
-      byUser.set(user, c);
-      flush(c);
-    },
-    drain: (ws) => {
-      const c = byUser.get(ws.getUserData().user);
-      if (c?.ws === ws) flush(c);
-    },
-    close: (ws) => {
-      const user = ws.getUserData().user;
-      const c = byUser.get(user);
-      if (c?.ws === ws) {
-        byUser.delete(user);
-        if (c.queue.length > 0) pending.set(user, c.queue);
-      }
-    },
-  })
-  .listen("127.0.0.1", port, (ok) => {
-    if (!ok) throw new Error(`cannot listen on ${port}`);
-  });
+listenBare(port, byUser, {
+  auth: (ws, user) => {
+    const c: Conn = { ws, queue: pending.get(user) ?? [], live: false };
+    pending.delete(user);
+    flush(c);
+    return c;
+  },
+  drain: flush,
+  closed: (user, c) => {
+    if (c.queue.length > 0) pending.set(user, c.queue);
+  },
+});
 
 const nc = await connect({ servers: natsUrl });
 const js = jetstream(nc);

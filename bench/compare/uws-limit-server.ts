@@ -11,14 +11,14 @@
  *                                         its next AUTH (before SYNCED) to one that is offline
  */
 import { createInterface } from "node:readline";
-import uws from "uWebSockets.js";
-import { decodeClientFrame, encodeEntry, encodeFrame, encodeMsgsFrame } from "../../protocol/index.js";
+import { encodeEntry, encodeFrame, encodeMsgsFrame } from "../../protocol/index.js";
+import { listenBare, type BareSocket } from "./bare-ws.js";
 
 const port = Number(process.argv[2]);
 const HIGH_WATER = 256 * 1024;
 
 interface Conn {
-  ws: uws.WebSocket<{ user: string }>;
+  ws: BareSocket;
   /** Entries waiting for the socket to drain. */
   queue: number;
   /** Missed entries still to send before SYNCED. */
@@ -60,39 +60,20 @@ function flush(c: Conn): void {
   while (c.queue > 0 && sendOne(c)) c.queue--;
 }
 
-uws
-  .App()
-  .ws<{ user: string }>("/v1/ws", {
-    maxPayloadLength: 64 * 1024,
-    maxBackpressure: 64 * 1024 * 1024,
-    idleTimeout: 0,
-    message: (ws, message) => {
-      const f = decodeClientFrame(new Uint8Array(message.slice(0)));
-      if (f.t !== "AUTH") return;
-      const user = f.token;
-      ws.getUserData().user = user;
-      const c: Conn = { ws, queue: 0, missed: pending.get(user) ?? 0, live: false };
-      pending.delete(user);
-      if (!known.has(user)) {
-        known.add(user);
-        users.push(user);
-      }
-      byUser.set(user, c);
-      flush(c);
-    },
-    drain: (ws) => {
-      const c = byUser.get(ws.getUserData().user);
-      if (c?.ws === ws) flush(c);
-    },
-    close: (ws) => {
-      const user = ws.getUserData().user;
-      if (byUser.get(user)?.ws === ws) byUser.delete(user);
-    },
-  })
-  .listen("127.0.0.1", port, (ok) => {
-    if (!ok) throw new Error(`cannot listen on ${port}`);
-    process.stdout.write(JSON.stringify({ listening: port }) + "\n");
-  });
+listenBare(port, byUser, {
+  auth: (ws, user) => {
+    const c: Conn = { ws, queue: 0, missed: pending.get(user) ?? 0, live: false };
+    pending.delete(user);
+    if (!known.has(user)) {
+      known.add(user);
+      users.push(user);
+    }
+    flush(c);
+    return c;
+  },
+  drain: flush,
+});
+process.stdout.write(JSON.stringify({ listening: port }) + "\n");
 
 function toRandomUser(): void {
   const c = byUser.get(users[Math.floor(Math.random() * users.length)]!);
