@@ -39,6 +39,13 @@ async function authed(user: string, device: string, token?: string): Promise<Tes
   return dev;
 }
 
+/** Appends one entry for `user` and returns its result. */
+async function appendOne(user: string, id: string) {
+  const [r] = await stack.dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: [user], body: new Uint8Array([1]) });
+  assert.ok(r && "seq" in r);
+  return r;
+}
+
 /** Pads a JSON text that ends in `tail` with `filler` repeated before it, to exactly `size` bytes. */
 function sized(head: string, filler: string, tail: string, size: number): string {
   const n = Math.floor((size - head.length - tail.length) / filler.length);
@@ -202,8 +209,7 @@ test("hardening - token lifetimes: over JETGATE_JWT_MAX_LIFETIME_S, or not finit
 
 test("hardening - devices per user: past JETGATE_MAX_DEVICES_PER_USER the least recently active device's ACK state goes", async () => {
   const user = "manydevices";
-  const [r0] = await stack.dispatcher.dispatch({ dispatch_id: "md1", message_id: "md1", lane: "default", recipients: [user], body: new Uint8Array([1]) });
-  assert.ok(r0 && "seq" in r0);
+  const r0 = await appendOne(user, "md1");
   const redis = await redisClient(stack.infra.redis.url);
   try {
     const devices = ["d1", "d2", "d3", "d4", "d5"];
@@ -234,8 +240,7 @@ test("hardening - devices per user: past JETGATE_MAX_DEVICES_PER_USER the least 
 
 test("hardening - an ACK beyond anything sent (u64 max) is refused; only what the device received is stored", async () => {
   const user = "ackmax";
-  const [r0] = await stack.dispatcher.dispatch({ dispatch_id: "am1", message_id: "am1", lane: "default", recipients: [user], body: new Uint8Array([1]) });
-  assert.ok(r0 && "seq" in r0);
+  const r0 = await appendOne(user, "am1");
   const redis = await redisClient(stack.infra.redis.url);
   try {
     const dev = await authed(user, "d1");
