@@ -1,7 +1,8 @@
 /**
  * Draws bench/RESULTS.svg from the JSON lines of `npm run bench -- <scenario> --json` kept in
  * bench/results/*.jsonl: throughput per system in each scenario, and fanout p99 latency at half
- * load. Vega-Lite compiles the spec, Vega renders the SVG headless (no canvas, no browser). Prints
+ * load, idle RSS per connection, and each process's CPU microseconds per delivered entry in fanout
+ * (stacked, the devices left out). Vega-Lite compiles the spec, Vega renders the SVG headless (no canvas, no browser). Prints
  * the same rows as a Markdown table for RESULTS.md.
  *
  *   npm run bench:chart
@@ -21,6 +22,8 @@ interface Row {
   entries_per_s: number | null;
   p99_ms: number | null;
   rss_per_conn_kib?: number;
+  /** CPU microseconds per delivered entry, by process, and `total` (devices excluded). */
+  us_per_entry?: Record<string, number>;
   summary?: boolean;
 }
 
@@ -45,6 +48,11 @@ const bars = (title: string, data: object[], field: string, axis: string, scenar
   height: 220,
 });
 
+/** One bar segment per process of each system's fanout row: where its CPU per entry goes. */
+const costs = rows
+  .filter((r) => r.scenario === "fanout" && r.us_per_entry !== undefined)
+  .flatMap((r) => Object.entries(r.us_per_entry!).filter(([p]) => p !== "total" && p !== "devices").map(([process, us]) => ({ system: r.system, process, us })));
+
 const spec: TopLevelSpec = {
   $schema: "https://vega.github.io/schema/vega-lite/v6.json",
   config: { font: "sans-serif", legend: { orient: "bottom" } },
@@ -54,6 +62,18 @@ const spec: TopLevelSpec = {
       hconcat: [
         bars("fanout p99 at half load (ms, lower is better)", rows.filter((r) => r.scenario === "fanout"), "p99_ms", "ms", false),
         bars("idle RSS per connection (KiB, lower is better)", rows.filter((r) => r.scenario === "idle"), "rss_per_conn_kib", "KiB", false),
+        {
+          title: "fanout CPU per delivered entry (us, by process, lower is better)",
+          data: { values: costs },
+          mark: "bar",
+          encoding: {
+            x: { field: "system", type: "nominal", axis: { title: null, labelAngle: -30 }, sort: ["jetgate", "uws-limit", "jetstream-limit", "socketio"] },
+            y: { field: "us", type: "quantitative", title: "us per entry", stack: "zero" },
+            color: { field: "process", type: "nominal", title: "process" },
+          },
+          width: 160,
+          height: 220,
+        },
       ],
     },
   ],
@@ -61,9 +81,15 @@ const spec: TopLevelSpec = {
 
 // the table for RESULTS.md, from the same rows
 const cell = (v: unknown) => (v === null || v === undefined ? "" : String(v));
-const cols = ["scenario", "system", "devices", "entries_per_s", "p50_ms", "p99_ms", "server_rss_mb", "server_cpu_pct", "rss_per_conn_kib", "complete_ms", "note"] as const;
+const cols = ["scenario", "system", "devices", "entries_per_s", "p50_ms", "p99_ms", "server_rss_mb", "server_cpu_pct", "rss_per_conn_kib", "complete_ms", "us_per_entry", "note"] as const;
+/** `total (process us, ...)`, devices last: they are the benchmark's, not the system's. */
+const us = (u: Record<string, number> | undefined) =>
+  u === undefined ? "" : `${u.total} (${Object.entries(u).filter(([p]) => p !== "total").map(([p, v]) => `${p} ${v}`).join(", ")})`;
 console.log(`| ${cols.join(" | ")} |\n|${cols.map(() => "---").join("|")}|`);
-for (const r of rows as unknown as Record<string, unknown>[]) console.log(`| ${cols.map((c) => cell(r[c])).join(" | ")} |`);
+for (const r of rows) {
+  const rec = r as unknown as Record<string, unknown>;
+  console.log(`| ${cols.map((c) => (c === "us_per_entry" ? us(r.us_per_entry) : cell(rec[c]))).join(" | ")} |`);
+}
 
 const view = new vega.View(vega.parse(compile(spec).spec), { renderer: "none" });
 writeFileSync(`${DIR}RESULTS.svg`, await view.toSVG());
