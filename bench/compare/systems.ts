@@ -192,7 +192,8 @@ async function paced(seconds: number, rate: number | undefined, window: number, 
 
 /**
  * The jetstream-limit system: the producer (in this process) appends stored entries to the shard
- * streams as the Dispatcher does (core publish with a reply inbox, a Nats-Msg-Id header) but with
+ * streams as the Dispatcher does (core publish with a reply inbox, a Nats-Msg-Id header, one event-loop
+ * turn's publishes written together) but with
  * no per-user chain; bench/compare/jetstream-limit-server.ts consumes and sends them.
  */
 async function startJetStreamLimit(): Promise<System> {
@@ -212,13 +213,20 @@ async function startJetStreamLimit(): Promise<System> {
     acks.delete(k);
   } });
   let n = 0;
+  // published together at the end of each event-loop turn, as the Dispatcher does
+  const outbox: (() => void)[] = [];
+  const publishOutbox = () => {
+    for (const p of outbox.splice(0)) p();
+  };
   const append = (user: string) => new Promise<void>((resolve) => {
     const id = `j${n++}`;
     const h = headers();
     h.set("Nats-Msg-Id", id);
     acks.set(id, resolve);
     const shard = registry.shards.shardOf(user)!;
-    nc.publish(entrySubject(shard, user, "default"), encodeStoredEntry({ id, d: id, ts: Date.now(), b: stampedBody() }) as Uint8Array<ArrayBuffer>, { reply: `${inbox}.${id}`, headers: h });
+    const data = encodeStoredEntry({ id, d: id, ts: Date.now(), b: stampedBody() });
+    outbox.push(() => nc.publish(entrySubject(shard, user, "default"), data, { reply: `${inbox}.${id}`, headers: h }));
+    if (outbox.length === 1) setImmediate(publishOutbox);
   });
   return {
     name: "jetstream-limit",

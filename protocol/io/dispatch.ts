@@ -147,6 +147,8 @@ export class Dispatcher {
   private readonly users = new Map<string, Job[] | null>();
   /** Jobs of idle users waiting for an in-flight slot. */
   private readonly waiting: Job[] = [];
+  /** Jobs holding a slot, to be published at the end of this event-loop turn (publishOutbox). */
+  private readonly outbox: Job[] = [];
   private readonly lanes: Set<string>;
   private readonly maxBody: number;
   private readonly ackTimeoutMs: number;
@@ -267,20 +269,35 @@ export class Dispatcher {
     else this.waiting.push(job);
   }
 
+  /** Takes the job's in-flight slot; it is published with the rest of this event-loop turn's. */
   private send(job: Job): void {
     if (job.attempt === 0) this.inFlight++;
     else this.stats.retries++;
     job.attempt++;
-    job.deadline = Date.now() + this.ackTimeoutMs;
-    const token = (this.nextToken++).toString(36);
-    this.pending.set(token, job);
-    try {
-      this.nc.publish(job.subject, job.data, { reply: `${this.prefix}.${token}`, headers: job.headers });
-    } catch (err) {
-      this.pending.delete(token);
-      this.failedAttempt(job, new AckError(err instanceof Error ? err.message : String(err), true));
-    }
+    this.outbox.push(job);
+    if (this.outbox.length === 1) setImmediate(this.publishOutbox);
   }
+
+  /**
+   * Publishes every job sent since the last call, in order, in one synchronous run, so nats.js
+   * writes them to the socket together: a caller that awaits each dispatch would otherwise cost one
+   * socket write (and one read in nats-server) per entry.
+   */
+  private readonly publishOutbox = (): void => {
+    const jobs = this.outbox.splice(0);
+    const deadline = Date.now() + this.ackTimeoutMs;
+    for (const job of jobs) {
+      job.deadline = deadline;
+      const token = (this.nextToken++).toString(36);
+      this.pending.set(token, job);
+      try {
+        this.nc.publish(job.subject, job.data, { reply: `${this.prefix}.${token}`, headers: job.headers });
+      } catch (err) {
+        this.pending.delete(token);
+        this.failedAttempt(job, new AckError(err instanceof Error ? err.message : String(err), true));
+      }
+    }
+  };
 
   private sweep(): void {
     const now = Date.now();
