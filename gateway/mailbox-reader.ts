@@ -153,10 +153,19 @@ export class MailboxReader implements MailboxSource {
     return bounds;
   }
 
-  /** The user's head as Redis has it (`_all`), or undefined: a cheap check, never the stream. */
-  async cachedHead(user: string): Promise<MailboxSeq | undefined> {
-    const v = await this.redis.hget(this.keys.watermarks(user), WATERMARK_ALL);
-    return v !== null && /^\d{1,20}$/.test(v) ? BigInt(v) : undefined;
+  /**
+   * The users' heads as Redis has them (`_all`; undefined where it has none): one pipeline for them
+   * all, never the stream. The gateway's tail check asks for every live session's user this way.
+   */
+  async cachedHeads(users: readonly string[]): Promise<(MailboxSeq | undefined)[]> {
+    if (users.length === 0) return [];
+    const p = this.redis.pipeline();
+    for (const u of users) p.hget(this.keys.watermarks(u), WATERMARK_ALL);
+    const replies = (await p.exec()) ?? [];
+    return users.map((_, i) => {
+      const [err, v] = replies[i] ?? [null, null];
+      return err === null && typeof v === "string" && /^\d{1,20}$/.test(v) ? BigInt(v) : undefined;
+    });
   }
 
   /** Lane watermarks; rebuilt from the stream (and written back) when Redis has none. */

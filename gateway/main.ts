@@ -53,10 +53,11 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   metrics.registryRecord.set(registry.state.seq);
   registry.onChange((st) => metrics.registryRecord.set(st.seq));
   const sessions = new SessionRegistry<Session>(nc, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log);
-  sessions.startTailChecks(config.JETGATE_TAIL_CHECK_S);
   const presence = new Presence(redis, keys, nc, gatewayId, (k) => sessions.kick(k.user, k.device, k.session));
   presence.start();
   const js = jetstream(nc);
+  const mailbox = new MailboxReader(nc, redis, keys, registry, config.JETGATE_LANES, Math.max(config.JETGATE_STREAM_MAX_AGE_S, config.JETGATE_HOT_CACHE_TTL_S));
+  sessions.startTailChecks(config.JETGATE_TAIL_CHECK_S, (users) => mailbox.cachedHeads(users));
   const ctx: SessionPorts = {
     config,
     log,
@@ -64,7 +65,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
     tokens: await tokenVerifier({ secret: config.JETGATE_JWT_SECRET, previousSecret: config.JETGATE_JWT_PREVIOUS_SECRET, publicKeysFile: config.JETGATE_JWT_PUBLIC_KEYS_FILE, maxLifetimeS: config.JETGATE_JWT_MAX_LIFETIME_S }),
     cursors: cursorSigner(config.JETGATE_CURSOR_KEYS),
     registry,
-    mailbox: new MailboxReader(nc, redis, keys, registry, config.JETGATE_LANES, Math.max(config.JETGATE_STREAM_MAX_AGE_S, config.JETGATE_HOT_CACHE_TTL_S)),
+    mailbox,
     hub: sessions,
     presence,
     acks: new AckStore(redis, keys, config.JETGATE_STREAM_MAX_AGE_S, config.JETGATE_MAX_DEVICES_PER_USER),

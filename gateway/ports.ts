@@ -42,8 +42,6 @@ export interface ReadOptions {
 /** The user's mailbox, wherever it is kept (MailboxReader: Redis first, then the shard stream). */
 export interface MailboxSource {
   watermarks(shard: number, user: string): Promise<Watermarks>;
-  /** The user's head as the cache has it, or undefined: a cheap check, never the stream. */
-  cachedHead(user: string): Promise<MailboxSeq | undefined>;
   /** Trim watermark and last offset of a shard's stream; `fresh` skips any cache. Throws ShardNotReadyError. */
   bounds(shard: number, opts?: { fresh?: boolean }): Promise<ShardBounds>;
   /** The user's entries of `shard` with seq above `after` (whole seqs), oldest first, in pages. */
@@ -89,7 +87,10 @@ export interface HubMember {
   close(code: number, reason?: string): void;
   onPush(push: Push): void;
   onShardChange(): void;
-  checkTail(): void;
+  /** What the session accounted for, while it is live and idle (the tail check); else undefined. */
+  tailPosition(): MailboxSeq | undefined;
+  /** The user's head is past `tailPosition`: read the rest and send it. */
+  fillTail(): void;
 }
 
 /** The gateway's sessions: fan-out membership, replacement of a device's older session, per-user limits. */

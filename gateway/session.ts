@@ -23,6 +23,7 @@ import {
   type AckFrame,
   type AuthFrame,
   type Entry,
+  type MailboxSeq,
   type PullFrame,
   type Push,
   type RefreshFrame,
@@ -451,17 +452,22 @@ export class Session implements HubMember {
 
   /**
    * Anti-entropy for live sessions: a push lost with no later entry of the user (a NATS node dying
-   * with it in flight) would otherwise wait for the device's next reconnect. The hub calls this
-   * every JETGATE_TAIL_CHECK_S per session: when the user's head (the Redis watermark; one HGET) is
-   * past what this session accounted for, the rest is read and sent through the session's chain.
+   * with it in flight) would otherwise wait for the device's next reconnect. Every
+   * JETGATE_TAIL_CHECK_S the hub reads the heads of its sessions' users (the Redis watermark, which
+   * the worker raises before it pushes, so a lost push shows there) in one round trip, and compares
+   * each with `tailPosition`: undefined while the session is not live or has work in its chain.
    */
-  checkTail(): void {
-    if (this.state.type !== "live" || !this.chainIdle) return;
+  tailPosition(): MailboxSeq | undefined {
+    return this.state.type === "live" && this.chainIdle ? this.delivery.lastKnown : undefined;
+  }
+
+  /** The hub saw the user's head past `tailPosition`: the rest is read and sent through the chain. */
+  fillTail(): void {
+    if (this.tailPosition() === undefined) return;
     this.enqueue(async () => {
-      // the worker raises the watermark before it pushes, so a lost push shows there
-      const head = await this.p.mailbox.cachedHead(this.user).catch(() => undefined);
-      if (head === undefined || head <= this.delivery.lastKnown || this.closed) return;
       const wm = await this.p.mailbox.watermarks(this.shard, this.user);
+      // a push may have delivered it meanwhile
+      if (wm.head <= this.delivery.lastKnown || this.closed) return;
       this.p.metrics.tailFills.inc();
       for await (const page of this.p.mailbox.read(this.shard, this.user, this.delivery.lastKnown, { wm })) {
         await this.emit(this.shard, page.entries, true);

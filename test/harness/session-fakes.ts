@@ -132,12 +132,6 @@ export class FakeMailbox implements MailboxSource {
     return { lanes, head, cacheCompleteAfter: undefined, from: "redis" };
   }
 
-  async cachedHead(user: string): Promise<MailboxSeq | undefined> {
-    let head = 0n;
-    for (const shard of this.logs.keys()) for (const e of this.userEntries(shard, user)) if (e.seq > head) head = e.seq;
-    return head;
-  }
-
   async bounds(shard: number): Promise<ShardBounds> {
     this.check(shard);
     const s = this.state(shard);

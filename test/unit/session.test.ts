@@ -224,6 +224,29 @@ test("session - a push after a lost one: the gap is filled from the mailbox firs
   assert.equal(await r.ports.metrics.gapFills.get().then((m) => m.values[0]!.value), 1);
 });
 
+test("session - a lost last push (no later entry): the tail check's fill sends it; nothing when the session is up to date", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  const { s, t } = await auth(r);
+  const settled = async () => {
+    for (let i = 0; i < 50 && s.tailPosition() === undefined; i++) await new Promise((res) => setTimeout(res, 2)); // its chain's step ends
+    return s.tailPosition();
+  };
+  const known = await settled();
+  assert.ok(known !== undefined && known > 0n, "a live, idle session has a tail position");
+  const before = t.liveSeqs();
+  s.fillTail(); // up to date: reads the watermarks, sends nothing
+  await new Promise((res) => setTimeout(res, 20));
+  assert.deepEqual(t.liveSeqs(), before);
+  const lost = r.mailbox.appendPush(0, U); // stored, its push never arrives
+  assert.equal(s.tailPosition(), known, "the session does not know of it");
+  s.fillTail();
+  await t.until(() => t.liveSeqs().includes(lost.entry.seq), "the lost entry");
+  assert.deepEqual(t.liveSeqs(), [...before, lost.entry.seq]);
+  assert.equal(await settled(), lost.entry.seq);
+  assert.equal(await r.ports.metrics.tailFills.get().then((m) => m.values[0]!.value), 1);
+});
+
 test("session - a gap fill whose stream does not answer (the port's UnavailableError): UNAVAILABLE and 4503, never 4500", async () => {
   const r = rig();
   r.mailbox.append(0, U);
