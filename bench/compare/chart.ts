@@ -2,7 +2,8 @@
  * Draws bench/RESULTS.svg from the JSON lines of `npm run bench -- <scenario> --json` kept in
  * bench/results/*.jsonl: throughput per system in each scenario, and fanout p99 latency at half
  * load, idle RSS per connection, and each process's CPU microseconds per delivered entry in fanout
- * (stacked, the devices left out). Vega-Lite compiles the spec, Vega renders the SVG headless (no canvas, no browser). Prints
+ * (stacked, the devices left out); from bench/results/scaling.jsonl (`--nodes N` runs), fanout
+ * entries/s against N per system. Vega-Lite compiles the spec, Vega renders the SVG headless (no canvas, no browser). Prints
  * the same rows as a Markdown table for RESULTS.md.
  *
  *   npm run bench:chart
@@ -19,6 +20,7 @@ interface Row {
   /** scenario (devices): one column per run. */
   case?: string;
   system: string;
+  nodes?: number;
   entries_per_s: number | null;
   p99_ms: number | null;
   rss_per_conn_kib?: number;
@@ -27,11 +29,14 @@ interface Row {
   summary?: boolean;
 }
 
+const read = (f: string): Row[] =>
+  readFileSync(`${DIR}results/${f}`, "utf8").split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l) as Row).filter((r) => r.summary !== true);
+const SCALING = "scaling.jsonl";
 const rows: Row[] = readdirSync(`${DIR}results`)
-  .filter((f) => f.endsWith(".jsonl"))
-  .flatMap((f) => readFileSync(`${DIR}results/${f}`, "utf8").split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l) as Row))
-  .filter((r) => r.summary !== true)
+  .filter((f) => f.endsWith(".jsonl") && f !== SCALING)
+  .flatMap(read)
   .map((r) => ({ ...r, case: `${r.scenario} (${r.devices.toLocaleString("en-US")})` }));
+const scaling = readdirSync(`${DIR}results`).includes(SCALING) ? read(SCALING).filter((r) => r.scenario === "fanout") : [];
 
 const color = { field: "system", type: "nominal", scale: { domain: ["jetgate", "uws-limit", "jetstream-limit", "socketio"], range: ["#1f77b4", "#7f7f7f", "#2ca02c", "#ff7f0e"] } } as const;
 const bars = (title: string, data: object[], field: string, axis: string, scenarioAxis = true): object => ({
@@ -55,13 +60,35 @@ const costs = rows
 
 const spec: TopLevelSpec = {
   $schema: "https://vega.github.io/schema/vega-lite/v6.json",
-  config: { font: "sans-serif", legend: { orient: "bottom" } },
+  config: { font: "sans-serif", legend: { orient: "bottom", columns: 2 } },
+  // systems and processes are different colour scales
+  resolve: { scale: { color: "independent" }, legend: { color: "independent" } },
   vconcat: [
     bars("Throughput (entries/s delivered, higher is better)", rows.filter((r) => r.entries_per_s !== null), "entries_per_s", "entries/s"),
     {
+      resolve: { scale: { color: "independent" }, legend: { color: "independent" } },
       hconcat: [
         bars("fanout p99 at half load (ms, lower is better)", rows.filter((r) => r.scenario === "fanout"), "p99_ms", "ms", false),
         bars("idle RSS per connection (KiB, lower is better)", rows.filter((r) => r.scenario === "idle"), "rss_per_conn_kib", "KiB", false),
+      ],
+    },
+    {
+      resolve: { scale: { color: "independent" }, legend: { color: "independent" } },
+      hconcat: [
+        ...(scaling.length > 0
+          ? [{
+              title: "fanout entries/s against --nodes N (higher is better)",
+              data: { values: scaling },
+              mark: { type: "line", point: true },
+              encoding: {
+                x: { field: "nodes", type: "quantitative", title: "nodes", axis: { tickMinStep: 1 } },
+                y: { field: "entries_per_s", type: "quantitative", title: "entries/s" },
+                color,
+              },
+              width: 220,
+              height: 220,
+            }]
+          : []),
         {
           title: "fanout CPU per delivered entry (us, by process, lower is better)",
           data: { values: costs },
@@ -93,4 +120,12 @@ for (const r of rows) {
 
 const view = new vega.View(vega.parse(compile(spec).spec), { renderer: "none" });
 writeFileSync(`${DIR}RESULTS.svg`, await view.toSVG());
-console.log(`wrote bench/RESULTS.svg from ${rows.length} results`);
+if (scaling.length > 0) {
+  console.log(`\n| system | ${[...new Set(scaling.map((r) => r.nodes))].map((n) => `nodes ${n}`).join(" | ")} |`);
+  const ns = [...new Set(scaling.map((r) => r.nodes))];
+  console.log(`|---|${ns.map(() => "---").join("|")}|`);
+  for (const sys of [...new Set(scaling.map((r) => r.system))]) {
+    console.log(`| ${sys} | ${ns.map((n) => cell(scaling.find((r) => r.system === sys && r.nodes === n)?.entries_per_s)).join(" | ")} |`);
+  }
+}
+console.log(`wrote bench/RESULTS.svg from ${rows.length + scaling.length} results`);
