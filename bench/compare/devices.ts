@@ -3,12 +3,14 @@
  * (bench/compare/run.ts starts it under `ulimit -n <hard limit>`). Devices speak the system's
  * protocol: jetgate's (JWT AUTH, cursor on reconnect), the uws-limit and jetstream-limit servers' (jetgate frames, AUTH
  * names the user) or Socket.IO's (socket.io-client, msgpack parser, connection state recovery).
- * Every entry body starts with its producer's wall-clock time (float64 ms), so latency is measured
- * across processes on one machine.
+ * Every entry body starts with its producer's wall-clock time and an id unique over the run
+ * (bench/compare/entries.ts), so latency is measured across processes on one machine and an entry
+ * a device gets twice is counted. With --nodes N the benchmark runs several generators, each with
+ * its share of the devices, and merges their answers (latency histograms add up).
  *
  * Commands, one JSON object per stdin line; one JSON answer per stdout line:
- *   {"cmd":"connect","count":N,"prefix":"u"}  -> {"ready":N,"ms":..}  (all SYNCED / connected)
- *   {"cmd":"report"}                          -> {"received","first","last","p50","p99","max"}
+ *   {"cmd":"connect","users":[..],"urls":[..]} -> {"ready":N,"ms":..}  (all SYNCED / connected)
+ *   {"cmd":"report"}                          -> {"received","first","last","hist","duplicates"} since the last report
  *   {"cmd":"wait","expect":K,"deadlineMs":D}  -> {"waited_ms","timed_out"}  (each device has K entries)
  *   {"cmd":"drop"}                            -> {"dropped":N}        (sockets closed as by a network loss)
  *   {"cmd":"reconnect","expect":K,"deadlineMs":D} -> {"synced_ms","complete_ms","synced","completed","received","timed_out"}
@@ -20,23 +22,32 @@ import { SignJWT } from "jose";
 import { io as ioClient, type Socket } from "socket.io-client";
 import msgpackParser from "socket.io-msgpack-parser";
 import { DEV_JWT_SECRET, decodeServerFrame, encodeFrame, type CursorToken } from "../../protocol/index.js";
+import { readStamp, record, type Histogram } from "./entries.js";
 
 type SystemName = "jetgate" | "uws-limit" | "jetstream-limit" | "socketio";
 const system = process.argv[2] as SystemName;
-const url = process.argv[3]!;
 const key = new TextEncoder().encode(process.env.JETGATE_JWT_SECRET ?? DEV_JWT_SECRET);
 const now = () => performance.timeOrigin + performance.now();
 const send = (o: object) => process.stdout.write(JSON.stringify(o) + "\n");
 
-let latencies: number[] = [];
+let hist: Histogram = {};
+let received = 0;
+let duplicates = 0;
 /** Connections that closed before SYNCED and were tried again. */
 let retries = 0;
 let first = 0;
 let last = 0;
 
-function onEntryBody(b: Uint8Array): void {
+function onEntryBody(d: Device, b: Uint8Array): void {
   const t = now();
-  if (b.byteLength >= 8) latencies.push(t - new DataView(b.buffer, b.byteOffset, 8).getFloat64(0));
+  d.received++;
+  received++;
+  const stamp = readStamp(b);
+  if (stamp !== undefined) {
+    record(hist, t - stamp.sentAt);
+    if (d.seen.has(stamp.id)) duplicates++;
+    else d.seen.add(stamp.id);
+  }
   if (first === 0) first = t;
   last = t;
 }
@@ -48,9 +59,11 @@ interface Device {
   drop(): void;
   /** Entries received since the last (re)connect. */
   received: number;
+  /** Ids of the entries it got (an entry it gets twice is a duplicate). */
+  seen: Set<number>;
 }
 
-function jetgateDevice(user: string, token: string): Device {
+function jetgateDevice(user: string, token: string, url: string): Device {
   let ws: WebSocket | undefined;
   let cursor: CursorToken | undefined;
   let seq = 0n;
@@ -61,9 +74,8 @@ function jetgateDevice(user: string, token: string): Device {
     else if (f.t === "SYNCED") synced();
     else if (f.t === "MSGS") {
       for (const e of f.e) {
-        d.received++;
         if (e.seq > seq) seq = e.seq;
-        onEntryBody(e.b);
+        onEntryBody(d, e.b);
       }
     }
   };
@@ -92,6 +104,7 @@ function jetgateDevice(user: string, token: string): Device {
   const d: Device = {
     user,
     received: 0,
+    seen: new Set(),
     connect: () =>
       new Promise<void>((resolve) => {
         d.received = 0;
@@ -102,20 +115,18 @@ function jetgateDevice(user: string, token: string): Device {
   return d;
 }
 
-function socketioDevice(user: string): Device {
+function socketioDevice(user: string, url: string): Device {
   let s: Socket | undefined;
   const d: Device = {
     user,
     received: 0,
+    seen: new Set(),
     connect: () =>
       new Promise<void>((resolve, reject) => {
         d.received = 0;
         if (s === undefined) {
           s = ioClient(url, { transports: ["websocket"], parser: msgpackParser, auth: { user }, reconnection: false });
-          s.on("e", (m: { b: Uint8Array }) => {
-            d.received++;
-            onEntryBody(m.b);
-          });
+          s.on("e", (m: { b: Uint8Array }) => onEntryBody(d, m.b));
         } else s.connect(); // with the session id and offset kept: connection state recovery
         s.once("synced", () => resolve());
         s.once("connect_error", reject);
@@ -128,13 +139,13 @@ function socketioDevice(user: string): Device {
 
 const devices: Device[] = [];
 
-async function connectAll(count: number, prefix: string): Promise<void> {
-  for (let i = devices.length; i < count; i++) {
-    const user = `${prefix}${i}`;
+async function connectAll(users: string[], urls: string[]): Promise<void> {
+  for (let i = 0; i < users.length; i++) {
+    const user = users[i]!;
     const token = system === "jetgate"
       ? await new SignJWT({}).setProtectedHeader({ alg: "HS256" }).setSubject(user).setExpirationTime(Math.floor(Date.now() / 1000) + 86400).sign(key)
       : "";
-    devices.push(system === "socketio" ? socketioDevice(user) : jetgateDevice(user, token));
+    devices.push(system === "socketio" ? socketioDevice(user, urls[i]!) : jetgateDevice(user, token, urls[i]!));
   }
   // in waves: a connection storm is its own scenario
   for (let i = 0; i < devices.length; i += 250) await Promise.all(devices.slice(i, i + 250).map((d) => d.connect()));
@@ -142,16 +153,15 @@ async function connectAll(count: number, prefix: string): Promise<void> {
 
 const lines = createInterface({ input: process.stdin });
 for await (const line of lines) {
-  const cmd = JSON.parse(line) as { cmd: string; count?: number; prefix?: string; expect?: number; deadlineMs?: number };
+  const cmd = JSON.parse(line) as { cmd: string; users?: string[]; urls?: string[]; expect?: number; deadlineMs?: number };
   if (cmd.cmd === "connect") {
     const t0 = now();
-    await connectAll(cmd.count!, cmd.prefix ?? "u");
+    await connectAll(cmd.users!, cmd.urls!);
     send({ ready: devices.length, ms: Math.round(now() - t0), retries });
   } else if (cmd.cmd === "report") {
-    const sorted = latencies.sort((a, b) => a - b);
-    const q = (p: number) => Number((sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))] ?? 0).toFixed(2));
-    send({ received: sorted.length, first, last, p50: q(0.5), p99: q(0.99), max: q(1) });
-    latencies = [];
+    send({ received, first, last, hist, duplicates });
+    hist = {};
+    received = duplicates = 0;
     first = last = 0;
   } else if (cmd.cmd === "wait") {
     // every device has received `expect` entries on its current connection, or the deadline passed

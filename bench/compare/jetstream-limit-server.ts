@@ -6,7 +6,9 @@
  * uws-limit server's protocol (AUTH names the user). Entries for a user who is offline wait in
  * memory until the user's next AUTH.
  *
- *   node --import tsx bench/compare/jetstream-limit-server.ts <port> <nats url> <shards>
+ *   node --import tsx bench/compare/jetstream-limit-server.ts <port> <nats url> <shards, e.g. 0,2,4>
+ * With --nodes N, server k consumes shards k, k+N, ...; the benchmark connects each device to the
+ * server of its user's shard.
  * Answers {"listening":port} once the consumers run.
  */
 import { createInterface } from "node:readline";
@@ -15,7 +17,7 @@ import { DeliverPolicy, jetstream } from "@nats-io/jetstream";
 import { listenBare, type BareSocket } from "./bare-ws.js";
 import { decodeStoredEntry, encodeEntry, encodeFrame, encodeMsgsFrame, parseEntrySubject, shardStream } from "../../protocol/index.js";
 
-const [port, natsUrl, shards] = [Number(process.argv[2]), process.argv[3]!, Number(process.argv[4])];
+const [port, natsUrl, shards] = [Number(process.argv[2]), process.argv[3]!, process.argv[4]!.split(",").map(Number)];
 const HIGH_WATER = 256 * 1024;
 
 interface Conn {
@@ -66,7 +68,7 @@ listenBare(port, byUser, {
 
 const nc = await connect({ servers: natsUrl });
 const js = jetstream(nc);
-for (let shard = 0; shard < shards; shard++) {
+for (const shard of shards) {
   const consumer = await js.consumers.get(shardStream(shard), { deliver_policy: DeliverPolicy.New });
   const messages = await consumer.consume({ max_messages: 1000 });
   void (async () => {

@@ -4,7 +4,7 @@
  * device load generator (bench/compare/devices.ts, its own process).
  *
  *   npm run bench -- <fanout|idle|storm|catchup> [--devices N] [--seconds S] [--entries N]
- *                    [--systems jetgate,uws-limit,jetstream-limit,socketio] [--json]
+ *                    [--systems jetgate,uws-limit,jetstream-limit,socketio] [--nodes N] [--shards S] [--json]
  *
  * fanout:  N devices (1,000), entries to random users: the throughput each system sustains (sent as
  *          fast as it takes them for S seconds, measured at the devices), then p50/p99
@@ -13,6 +13,9 @@
  * storm:   N devices (10,000) each miss 10 entries while offline, then reconnect at once (with their
  *          cursors / recovery state): time until every one is SYNCED with its entries; peak RSS.
  * catchup: one device --entries (100,000) behind: entries/s until SYNCED.
+ * --nodes N: N copies of every process of a system that scales out (bench/compare/systems.ts), S
+ * shard streams (default 2N, at least 4), and N device generator processes, each with its share of
+ * the devices. BENCH_SOURCE=1 runs jetgate from its sources instead of its build (the test suite).
  * With --json: one object per line per system, then a summary line of throughput ratios.
  */
 import { parseArgs } from "node:util";
@@ -20,6 +23,7 @@ import { cpus } from "node:os";
 import { readFileSync } from "node:fs";
 import { execFileSync } from "node:child_process";
 import { LineProcess, SYSTEMS, startSystem, type System, type SystemName } from "./systems.js";
+import { merge, quantile, type Histogram } from "./entries.js";
 
 const { values, positionals } = parseArgs({
   allowPositionals: true,
@@ -30,6 +34,8 @@ const { values, positionals } = parseArgs({
     "idle-seconds": { type: "string", default: "60" },
     "deadline-seconds": { type: "string", default: "120" },
     systems: { type: "string", default: SYSTEMS.join(",") },
+    nodes: { type: "string", default: "1" },
+    shards: { type: "string" },
     json: { type: "boolean", default: false },
   },
 });
@@ -37,7 +43,7 @@ const SCENARIOS = { fanout: 1000, idle: 15_000, storm: 10_000, catchup: 1 } as c
 type Scenario = keyof typeof SCENARIOS;
 const scenario = positionals[0] as Scenario;
 if (!(scenario in SCENARIOS)) {
-  console.error(`usage: npm run bench -- <${Object.keys(SCENARIOS).join("|")}> [--devices N] [--seconds S] [--entries N] [--systems a,b] [--json]`);
+  console.error(`usage: npm run bench -- <${Object.keys(SCENARIOS).join("|")}> [--devices N] [--seconds S] [--entries N] [--systems a,b] [--nodes N] [--shards S] [--json]`);
   process.exit(64);
 }
 const devices = Number(values.devices ?? SCENARIOS[scenario]);
@@ -47,6 +53,12 @@ const idleSeconds = Number(values["idle-seconds"]);
 const deadlineSeconds = Number(values["deadline-seconds"]);
 const systems = values.systems.split(",") as SystemName[];
 for (const s of systems) if (!SYSTEMS.includes(s)) throw new Error(`unknown system ${s}; one of ${SYSTEMS.join(", ")}`);
+const nodes = Number(values.nodes);
+const shards = Number(values.shards ?? Math.max(4, 2 * nodes));
+for (const [flag, v] of [["--nodes", nodes], ["--shards", shards]] as const) {
+  if (!Number.isInteger(v) || v < 1) throw new Error(`${flag} must be a positive integer, got ${String(v)}`);
+}
+if (shards < nodes) throw new Error(`--shards ${shards} gives some of the ${nodes} workers nothing to do: use at least --nodes`);
 
 /** A process that has exited reads as NaN (and shows as such in the row) instead of ending the run. */
 function proc(pid: number, file: string): string | undefined {
@@ -62,46 +74,56 @@ function rssMb(pid: number): number {
   return m ? Number(m[1]) / 1024 : NaN;
 }
 
+/** RSS of several processes together (the servers of --nodes N). */
+const rssOf = (pids: number[]) => pids.reduce((n, pid) => n + rssMb(pid), 0);
+
 function cpuSeconds(pid: number): number {
   const f = proc(pid, "stat")?.split(") ")[1]?.split(" ");
   return f ? (Number(f[11]) + Number(f[12])) / 100 : NaN;
 }
 
 /**
- * CPU of each process of the system (and the device generator) between start and stop: each one's
- * share of a core, and its CPU microseconds per delivered entry (`us_per_entry`, with `total`: the
- * system's processes together, devices excluded).
+ * CPU of each process of the system (and the device generators) between start and stop: by role
+ * (the N processes of a role together), each one's share of a core and its CPU microseconds per
+ * delivered entry (`us_per_entry`, with `total`: the system's processes together, devices
+ * excluded); with more than one node, each process's share too (`cpu_procs`).
  */
-function cpuShares(pids: Record<string, number>) {
+function cpuShares(pids: Record<string, number[]>) {
   const t0 = performance.now();
-  const c0 = Object.fromEntries(Object.entries(pids).map(([k, pid]) => [k, cpuSeconds(pid)]));
+  const all = Object.entries(pids).flatMap(([role, ps]) => ps.map((pid, k) => ({ name: ps.length > 1 ? `${role}#${k + 1}` : role, role, pid })));
+  const c0 = all.map((p) => cpuSeconds(p.pid));
   return (delivered: number) => {
     const secs = (performance.now() - t0) / 1000;
-    const used = Object.fromEntries(Object.entries(pids).map(([k, pid]) => [k, cpuSeconds(pid) - c0[k]!]));
-    const usPer = Object.fromEntries(Object.entries(used).map(([k, c]) => [k, Number(((c / delivered) * 1e6).toFixed(1))]));
+    const used = all.map((p, i) => ({ ...p, cpu: cpuSeconds(p.pid) - c0[i]! }));
+    const byRole = new Map<string, number>();
+    for (const u of used) byRole.set(u.role, (byRole.get(u.role) ?? 0) + u.cpu);
+    const usPer = Object.fromEntries([...byRole].map(([k, c]) => [k, Number(((c / delivered) * 1e6).toFixed(1))]));
     const total = Object.entries(usPer).filter(([k]) => k !== "devices").reduce((n, [, v]) => n + v, 0);
+    const pct = (c: number) => Math.round((c / secs) * 100);
     return {
-      shares: Object.entries(used).map(([k, c]) => `${k}:${Math.round((c / secs) * 100)}%`).join(","),
+      shares: [...byRole].map(([k, c]) => `${k}:${pct(c)}%`).join(","),
+      procs: used.length > byRole.size ? used.map((u) => `${u.name}:${pct(u.cpu)}%`).join(",") : undefined,
       usPerEntry: { ...usPer, total: Number(total.toFixed(1)) },
     };
   };
 }
 
-/** Samples a process's RSS (peak) and CPU share between start and stop. */
-function meter(pid: number) {
-  const cpu0 = cpuSeconds(pid);
+/** Samples the RSS (peak) of processes together and their CPU share between start and stop. */
+function meter(pids: number[]) {
+  const cpu = () => pids.reduce((n, pid) => n + cpuSeconds(pid), 0);
+  const cpu0 = cpu();
   const t0 = performance.now();
-  let peak = rssMb(pid);
+  let peak = rssOf(pids);
   const timer = setInterval(() => {
-    const r = rssMb(pid);
+    const r = rssOf(pids);
     if (!Number.isNaN(r)) peak = Math.max(peak, r);
   }, 100);
   return {
     stop() {
       clearInterval(timer);
-      const r = rssMb(pid);
+      const r = rssOf(pids);
       if (!Number.isNaN(r)) peak = Math.max(peak, r);
-      return { peakMb: Math.round(peak), cpuPct: Math.round(((cpuSeconds(pid) - cpu0) / ((performance.now() - t0) / 1000)) * 100) };
+      return { peakMb: Math.round(peak), cpuPct: Math.round(((cpu() - cpu0) / ((performance.now() - t0) / 1000)) * 100) };
     },
   };
 }
@@ -125,24 +147,101 @@ const step = (what: string) => {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+/** A device report, merged over the generators. */
+interface Report {
+  received: number;
+  first: number;
+  last: number;
+  hist: Histogram;
+  duplicates: number;
+}
+
+/**
+ * The device generators (bench/compare/devices.ts): one process per node, device i (user `u<i>`)
+ * in generator i mod N, connected where the system places it. Answers are merged.
+ */
+class Generators {
+  readonly procs: LineProcess[];
+  constructor(private readonly sys: System, n: number) {
+    this.procs = Array.from({ length: n }, () => LineProcess.node("bench/compare/devices.ts", [sys.name]));
+  }
+
+  get pids(): number[] {
+    return this.procs.map((p) => p.proc.pid!);
+  }
+
+  private all(o: object): Promise<Record<string, unknown>[]> {
+    return Promise.all(this.procs.map((p) => p.ask(o) as Promise<Record<string, unknown>>));
+  }
+
+  async connect(count: number): Promise<{ ms: number }> {
+    const n = this.procs.length;
+    const answers = await Promise.all(this.procs.map((p, g) => {
+      const mine = Array.from({ length: Math.ceil((count - g) / n) }, (_, j) => g + j * n);
+      return p.ask({ cmd: "connect", users: mine.map((i) => `u${i}`), urls: mine.map((i) => this.sys.deviceUrl(i)) });
+    }));
+    return { ms: Math.max(...answers.map((a) => a.ms!)) };
+  }
+
+  async report(): Promise<Report> {
+    const rs = (await this.all({ cmd: "report" })) as unknown as Report[];
+    const got = rs.filter((r) => r.received > 0);
+    return {
+      received: rs.reduce((n, r) => n + r.received, 0),
+      first: got.length > 0 ? Math.min(...got.map((r) => r.first)) : 0,
+      last: got.length > 0 ? Math.max(...got.map((r) => r.last)) : 0,
+      hist: rs.reduce((h, r) => merge(h, r.hist), {} as Histogram),
+      duplicates: rs.reduce((n, r) => n + r.duplicates, 0),
+    };
+  }
+
+  /** Every device has `expect` entries on its current connection, or the deadline passed. */
+  async wait(expect: number): Promise<{ timed_out: boolean; short: number }> {
+    const rs = await this.all({ cmd: "wait", expect, deadlineMs: deadlineSeconds * 1000 });
+    return { timed_out: rs.some((r) => r.timed_out === true), short: rs.reduce((n, r) => n + (r.short as number), 0) };
+  }
+
+  async drop(): Promise<void> {
+    await this.all({ cmd: "drop" });
+  }
+
+  /** Every generator reconnects its devices at once; the slowest one's times. */
+  async reconnect(expect: number): Promise<Record<string, number | boolean | null>> {
+    const rs = await this.all({ cmd: "reconnect", expect, deadlineMs: deadlineSeconds * 1000 });
+    const total = (k: string) => rs.reduce((n, r) => n + (r[k] as number), 0);
+    const slowest = (k: string) => (rs.some((r) => r[k] === null) ? null : Math.max(...rs.map((r) => r[k] as number)));
+    return {
+      synced_ms: slowest("synced_ms"), complete_ms: slowest("complete_ms"), elapsed_ms: slowest("elapsed_ms"),
+      synced: total("synced"), completed: total("completed"), received: total("received"), retries: total("retries"),
+      timed_out: rs.some((r) => r.timed_out === true),
+    };
+  }
+
+  async stop(): Promise<void> {
+    for (const p of this.procs) {
+      p.proc.stdin!.write(JSON.stringify({ cmd: "exit" }) + "\n");
+      await p.stop();
+    }
+  }
+}
+
 /** Reports until the devices have received nothing new for a second (the system has drained). */
-async function settled(gen: LineProcess): Promise<Record<string, number>> {
-  const all: Record<string, number>[] = [];
+async function settled(gens: Generators): Promise<Report> {
+  const all: Report[] = [];
   for (;;) {
     await sleep(1000);
-    const r = await gen.ask({ cmd: "report" });
+    const r = await gens.report();
     all.push(r);
     if (r.received === 0 && all.length > 1) break;
   }
-  // latencies are per report; throughput spans them all
-  const got = all.filter((r) => r.received! > 0);
+  // throughput spans every report; latencies add up
+  const got = all.filter((r) => r.received > 0);
   return {
-    received: got.reduce((n, r) => n + r.received!, 0),
-    first: Math.min(...got.map((r) => r.first!)),
-    last: Math.max(...got.map((r) => r.last!)),
-    p50: Math.max(...got.map((r) => r.p50!)),
-    p99: Math.max(...got.map((r) => r.p99!)),
-    max: Math.max(...got.map((r) => r.max!)),
+    received: all.reduce((n, r) => n + r.received, 0),
+    first: got.length > 0 ? Math.min(...got.map((r) => r.first)) : 0,
+    last: got.length > 0 ? Math.max(...got.map((r) => r.last)) : 0,
+    hist: all.reduce((h, r) => merge(h, r.hist), {} as Histogram),
+    duplicates: all.reduce((n, r) => n + r.duplicates, 0),
   };
 }
 
@@ -153,27 +252,28 @@ async function natsMessages(sys: System): Promise<number | undefined> {
   return v.in_msgs + v.out_msgs;
 }
 
-async function fanout(sys: System, gen: LineProcess): Promise<Row> {
-  await gen.ask({ cmd: "connect", count: devices, prefix: "u" });
+async function fanout(sys: System, gens: Generators): Promise<Row> {
+  await gens.connect(devices);
   const natsBefore = await natsMessages(sys);
-  const m = meter(sys.serverPid);
-  const shares = cpuShares({ ...sys.pids, devices: gen.proc.pid! });
+  const m = meter(sys.serverPids);
+  const shares = cpuShares({ ...sys.pids, devices: gens.pids });
   const sent = await sys.sendFor(seconds, devices);
-  const max = await settled(gen);
+  const max = await settled(gens);
   const cpu = m.stop();
-  const cpuMax = shares(max.received!);
+  const cpuMax = shares(max.received);
   const natsAfter = await natsMessages(sys);
   // every message in and out (publishes, acks, deliveries, pull requests, consumer acks)
-  const natsPerEntry = natsBefore !== undefined && natsAfter !== undefined ? Number(((natsAfter - natsBefore) / max.received!).toFixed(2)) : undefined;
-  const rate = Math.round((max.received! / (max.last! - max.first!)) * 1000);
-  // half load: latency is measured from a report that covers only this phase
-  await gen.ask({ cmd: "report" });
+  const natsPerEntry = natsBefore !== undefined && natsAfter !== undefined ? Number(((natsAfter - natsBefore) / max.received).toFixed(2)) : undefined;
+  const rate = Math.round((max.received / (max.last - max.first)) * 1000);
+  // half load: latency over this phase only, until the devices have had everything
+  await gens.report();
   const sentHalf = await sys.sendFor(seconds, devices, Math.max(1, Math.floor(rate / 2)));
-  await sleep(1500);
-  const half = await gen.ask({ cmd: "report" });
+  const half = await settled(gens);
   return {
-    scenario, system: sys.name, devices, entries_per_s: rate, p50_ms: half.p50!, p99_ms: half.p99!, server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct,
-    cpu_max: cpuMax.shares, us_per_entry: cpuMax.usPerEntry, nats_msgs_per_entry: natsPerEntry, sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received, half_rate: Math.floor(rate / 2),
+    scenario, system: sys.name, nodes, devices, entries_per_s: rate, p50_ms: quantile(half.hist, 0.5), p99_ms: quantile(half.hist, 0.99),
+    server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu_max: cpuMax.shares, cpu_procs: cpuMax.procs, us_per_entry: cpuMax.usPerEntry,
+    nats_msgs_per_entry: natsPerEntry, sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received,
+    duplicates: max.duplicates + half.duplicates, half_rate: Math.floor(rate / 2), ...(sys.natsMonitorPort !== undefined ? { shards } : {}),
   };
 }
 
@@ -183,76 +283,76 @@ async function fanout(sys: System, gen: LineProcess): Promise<Row> {
  * 30-45 s after a burst), so the server idles --idle-seconds (60) before the baseline reading, and
  * the connections idle as long before the second; the peak after connecting is reported too.
  */
-async function idle(sys: System, gen: LineProcess): Promise<Row> {
+async function idle(sys: System, gens: Generators): Promise<Row> {
   // the baseline in steady state too: the start-up's garbage is collected the same way
   await sleep(idleSeconds * 1000);
-  const before = rssMb(sys.serverPid);
-  const m = meter(sys.serverPid);
-  const conn = await gen.ask({ cmd: "connect", count: devices, prefix: "u" });
+  const before = rssOf(sys.serverPids);
+  const m = meter(sys.serverPids);
+  const conn = await gens.connect(devices);
   await sleep(idleSeconds * 1000);
-  const after = rssMb(sys.serverPid);
+  const after = rssOf(sys.serverPids);
   const cpu = m.stop();
   const perConn = (mb: number) => Number((((mb - before) * 1024) / devices).toFixed(2));
   return {
-    scenario, system: sys.name, devices, entries_per_s: null, p50_ms: null, p99_ms: null, server_rss_mb: Math.round(after), server_cpu_pct: cpu.cpuPct,
+    scenario, system: sys.name, nodes, devices, entries_per_s: null, p50_ms: null, p99_ms: null, server_rss_mb: Math.round(after), server_cpu_pct: cpu.cpuPct,
     rss_before_mb: Math.round(before), rss_per_conn_kib: perConn(after), peak_rss_mb: cpu.peakMb, peak_per_conn_kib: perConn(cpu.peakMb), idle_s: idleSeconds, connect_ms: conn.ms,
   };
 }
 
-async function storm(sys: System, gen: LineProcess, perUser: number): Promise<Row> {
+async function storm(sys: System, gens: Generators, perUser: number): Promise<Row> {
   step("connect");
-  await gen.ask({ cmd: "connect", count: devices, prefix: "u" });
+  await gens.connect(devices);
   // in sync first (each device has its user's latest entry), then offline while entries arrive
   step("one entry each");
   await sys.sendEach(devices, 1);
-  const first = await gen.ask({ cmd: "wait", expect: 1, deadlineMs: deadlineSeconds * 1000 });
-  if ((first.timed_out as unknown) === true) throw new Error(`${first.short} devices never got their first entry within ${deadlineSeconds} s:\n${sys.logs().join("\n")}`);
+  const first = await gens.wait(1);
+  if (first.timed_out) throw new Error(`${first.short} devices never got their first entry within ${deadlineSeconds} s:\n${sys.logs().join("\n")}`);
   step("drop");
-  await gen.ask({ cmd: "drop" });
+  await gens.drop();
   await sleep(1000);
   step(`${perUser} entries each, offline`);
   await sys.sendEach(devices, perUser);
-  await gen.ask({ cmd: "report" });
+  await gens.report();
   step("reconnect");
-  const m = meter(sys.serverPid);
-  const shares = cpuShares({ ...sys.pids, devices: gen.proc.pid! });
-  const r = await gen.ask({ cmd: "reconnect", expect: perUser, deadlineMs: deadlineSeconds * 1000 });
+  const m = meter(sys.serverPids);
+  const shares = cpuShares({ ...sys.pids, devices: gens.pids });
+  const r = await gens.reconnect(perUser);
   const cpu = m.stop();
-  const cpuAll = shares(Math.max(1, r.received!));
-  await gen.ask({ cmd: "report" });
+  const received = r.received as number;
+  const cpuAll = shares(Math.max(1, received));
+  const dup = (await gens.report()).duplicates;
   const total = devices * perUser;
-  const timedOut = (r.timed_out as unknown) === true;
   return {
-    scenario, system: sys.name, devices, entries_per_s: Math.round((r.received! / r.elapsed_ms!) * 1000), p50_ms: null, p99_ms: null,
-    server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu: cpuAll.shares, us_per_entry: cpuAll.usPerEntry, retries: r.retries, synced_ms: r.synced_ms, complete_ms: r.complete_ms,
-    synced: r.synced, completed: r.completed, received: r.received, entries_behind: perUser,
-    note: timedOut ? `not done after ${deadlineSeconds} s: ${r.completed} of ${devices} devices complete, ${r.received} of ${total} entries` : undefined,
+    scenario, system: sys.name, nodes, devices, entries_per_s: Math.round((received / (r.elapsed_ms as number)) * 1000), p50_ms: null, p99_ms: null,
+    server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu: cpuAll.shares, cpu_procs: cpuAll.procs, us_per_entry: received > 0 ? cpuAll.usPerEntry : undefined, retries: r.retries,
+    synced_ms: r.synced_ms, complete_ms: r.complete_ms, synced: r.synced, completed: r.completed, received, duplicates: dup, entries_behind: perUser,
+    note: r.timed_out === true ? `not done after ${deadlineSeconds} s: ${String(r.completed)} of ${devices} devices complete, ${received} of ${total} entries` : undefined,
   };
 }
 
-// jetgate runs compiled, as in its container image (npm run build; see test/harness/stack.ts)
-if (systems.includes("jetgate")) {
+// jetgate runs compiled, as in its container image (npm run build; see test/harness/stack.ts),
+// unless BENCH_SOURCE=1 (the test suite's functional check: no build step)
+if (systems.includes("jetgate") && process.env.BENCH_SOURCE !== "1") {
   execFileSync("npm", ["run", "--silent", "build"], { stdio: ["ignore", "ignore", "inherit"] });
   process.env.JETGATE_HARNESS_DIST = "1";
 }
 
 const rows: Row[] = [];
 const machine = `${cpus().length} cores (${cpus()[0]?.model.trim()}), node ${process.version}`;
-if (!values.json) console.log(`bench ${scenario}: ${devices} devices; ${machine}; ${new Date().toISOString()}`);
+if (!values.json) console.log(`bench ${scenario}: ${devices} devices, ${nodes} node(s); ${machine}; ${new Date().toISOString()}`);
 for (const name of systems) {
-  const sys = await startSystem(name);
-  const gen = LineProcess.node("bench/compare/devices.ts", [name, sys.url]);
+  const sys = await startSystem(name, { nodes, shards });
+  const gens = new Generators(sys, nodes);
   try {
-    const row = scenario === "fanout" ? await fanout(sys, gen)
-      : scenario === "idle" ? await idle(sys, gen)
-      : scenario === "storm" ? await storm(sys, gen, 10)
-      : { ...(await storm(sys, gen, entries)), scenario };
+    const row = scenario === "fanout" ? await fanout(sys, gens)
+      : scenario === "idle" ? await idle(sys, gens)
+      : scenario === "storm" ? await storm(sys, gens, 10)
+      : { ...(await storm(sys, gens, entries)), scenario };
     rows.push(row);
     if (values.json) console.log(JSON.stringify(row));
     else console.log(Object.entries(row).filter(([, v]) => v !== undefined).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join("  "));
   } finally {
-    gen.proc.stdin!.write(JSON.stringify({ cmd: "exit" }) + "\n");
-    await gen.stop();
+    await gens.stop();
     await sys.stop();
   }
 }
@@ -260,7 +360,7 @@ const rate = (s: SystemName) => rows.find((r) => r.system === s)?.entries_per_s 
 const ratio = (a: number | null, b: number | null) => (a !== null && b !== null && b > 0 ? Number((a / b).toFixed(3)) : null);
 const summary = {
   scenario, summary: true, ratio_vs_limit: ratio(rate("jetgate"), rate("uws-limit")), ratio_vs_jetstream_limit: ratio(rate("jetgate"), rate("jetstream-limit")),
-  ratio_vs_socketio: ratio(rate("jetgate"), rate("socketio")), machine, date: new Date().toISOString(),
+  ratio_vs_socketio: ratio(rate("jetgate"), rate("socketio")), nodes, machine, date: new Date().toISOString(),
 };
 console.log(values.json ? JSON.stringify(summary) : Object.entries(summary).map(([k, v]) => `${k}=${v}`).join("  "));
 process.exit(0);

@@ -2,37 +2,36 @@
  * Emits entries to users' rooms from its own process, through the Redis streams adapter: a Socket.IO
  * server that serves no connections, the documented way to emit from another process.
  *
- *   node --import tsx bench/compare/socketio-producer.ts <redis-url>
+ *   node --import tsx bench/compare/socketio-producer.ts <redis-url> <index>
  * Commands (JSON lines): {"cmd":"send","seconds":S,"users":N,"rate"?:R} -> {"sent":N};
- * {"cmd":"each","users":N,"perUser":K,"prefix":"u"} -> {"sent":N} (K entries to each of N users).
+ * {"cmd":"each","from":A,"to":B,"perUser":K} -> {"sent":N} (K entries to each of uA..u(B-1)).
  */
 import { createInterface } from "node:readline";
 import { Server } from "socket.io";
 import { createAdapter } from "@socket.io/redis-streams-adapter";
 import { Redis } from "ioredis";
+import { idSource, stampedBody } from "./entries.js";
 
 // the benchmark stops Redis before this process: errors then are expected and not worth a trace
 const redis = new Redis(process.argv[2]!);
 redis.on("error", () => undefined);
 const io = new Server({ connectionStateRecovery: { maxDisconnectionDuration: 10 * 60_000 }, adapter: createAdapter(redis, { maxLen: 2_000_000 }) });
-let n = 0;
+const nextId = idSource(Number(process.argv[3] ?? 0));
 
 function emit(user: string): void {
-  const b = new Uint8Array(64);
-  new DataView(b.buffer).setFloat64(0, performance.timeOrigin + performance.now());
-  io.to(`u:${user}`).emit("e", { id: `x${n++}`, b });
+  const id = nextId();
+  io.to(`u:${user}`).emit("e", { id: `x${id}`, b: stampedBody(id) });
 }
 
 /** Waits until Redis has taken everything queued so far (bounds what is in flight). */
 const settle = () => redis.ping();
 
 for await (const line of createInterface({ input: process.stdin })) {
-  const cmd = JSON.parse(line) as { cmd: string; seconds?: number; users?: number; rate?: number; perUser?: number; prefix?: string };
-  const prefix = cmd.prefix ?? "u";
+  const cmd = JSON.parse(line) as { cmd: string; seconds?: number; users?: number; rate?: number; perUser?: number; from?: number; to?: number };
   if (cmd.cmd === "send") {
     const until = performance.now() + (cmd.seconds ?? 10) * 1000;
     let sent = 0;
-    const pick = () => `${prefix}${Math.floor(Math.random() * cmd.users!)}`;
+    const pick = () => `u${Math.floor(Math.random() * cmd.users!)}`;
     if (cmd.rate === undefined) {
       while (performance.now() < until) {
         for (let i = 0; i < 500; i++) emit(pick());
@@ -54,8 +53,8 @@ for await (const line of createInterface({ input: process.stdin })) {
   } else if (cmd.cmd === "each") {
     let sent = 0;
     for (let k = 0; k < cmd.perUser!; k++) {
-      for (let u = 0; u < cmd.users!; u++) {
-        emit(`${prefix}${u}`);
+      for (let u = cmd.from!; u < cmd.to!; u++) {
+        emit(`u${u}`);
         if (++sent % 500 === 0) await settle();
       }
     }

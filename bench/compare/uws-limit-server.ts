@@ -3,7 +3,8 @@
  * from memory, as fast as backpressure allows, to devices that AUTH with their user id. No NATS,
  * no Redis, no schema checks: whatever jetgate delivers per core can be compared with this.
  *
- *   node --import tsx bench/compare/uws-limit-server.ts <port>
+ *   node --import tsx bench/compare/uws-limit-server.ts <port> <index>
+ * (`index`: this server's among --nodes N, for entry ids unique over the run: bench/compare/entries.ts)
  * Commands on stdin (JSON lines), answers on stdout:
  *   {"cmd":"send","seconds":S}            as fast as possible for S seconds, to random users -> {"sent":N}
  *   {"cmd":"send","seconds":S,"rate":R}   R entries/s for S seconds                           -> {"sent":N}
@@ -13,8 +14,10 @@
 import { createInterface } from "node:readline";
 import { encodeEntry, encodeFrame, encodeMsgsFrame } from "../../protocol/index.js";
 import { listenBare, type BareSocket } from "./bare-ws.js";
+import { BODY_BYTES, idSource } from "./entries.js";
 
 const port = Number(process.argv[2]);
+const nextId = idSource(Number(process.argv[3] ?? 0));
 const HIGH_WATER = 256 * 1024;
 
 interface Conn {
@@ -33,17 +36,18 @@ const known = new Set<string>();
 const pending = new Map<string, number>();
 let seq = 0;
 
-// One frame, encoded once; each send writes the current time into its body (the latency stamp).
-const marker = new Uint8Array(64).fill(0xab);
+// One frame, encoded once; each send writes the current time and a new id into its body.
+const marker = new Uint8Array(BODY_BYTES).fill(0xab);
 const template = encodeMsgsFrame(0, [encodeEntry({ seq: 1n << 40n, id: "x0000000", lane: "default", prev: null, ts: Date.now(), b: marker })]);
 const stampAt = Buffer.from(template).indexOf(Buffer.from(marker));
 const frame = new Uint8Array(template);
-const stamp = new DataView(frame.buffer, frame.byteOffset + stampAt, 8);
+const stamp = new DataView(frame.buffer, frame.byteOffset + stampAt, 16);
 
 /** Sends one entry unless the socket is over its high water mark; false when it is. */
 function sendOne(c: Conn): boolean {
   if (c.ws.getBufferedAmount() > HIGH_WATER) return false;
   stamp.setFloat64(0, performance.timeOrigin + performance.now());
+  stamp.setFloat64(8, nextId());
   seq++;
   c.ws.send(frame, true);
   return true;

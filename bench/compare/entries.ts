@@ -1,0 +1,87 @@
+/**
+ * What every producer of `npm run bench` and the device generators agree on: an entry body carries
+ * the producer's wall-clock time (float64 ms, for latency across processes on one machine) and a
+ * number unique over the run (float64: the producer's index times 2^32 plus its count), so devices
+ * spread over several generator processes can count entries delivered twice; latencies are kept in
+ * a histogram that merges across generators.
+ */
+import { Window } from "../window.js";
+
+export const BODY_BYTES = 64;
+
+/** A body stamped now with `id` (unique over the run; 0 is never used). */
+export function stampedBody(id: number): Uint8Array<ArrayBuffer> {
+  const b = new Uint8Array(BODY_BYTES);
+  const v = new DataView(b.buffer);
+  v.setFloat64(0, performance.timeOrigin + performance.now());
+  v.setFloat64(8, id);
+  return b;
+}
+
+/** Ids of producer `index` (0, 1, ...): index * 2^32 + 1, + 2, ... */
+export function idSource(index: number): () => number {
+  let n = 0;
+  return () => index * 2 ** 32 + ++n;
+}
+
+/** The stamp and id of a body, or undefined for one too short to carry them. */
+export function readStamp(b: Uint8Array): { sentAt: number; id: number } | undefined {
+  if (b.byteLength < 16) return undefined;
+  const v = new DataView(b.buffer, b.byteOffset, 16);
+  return { sentAt: v.getFloat64(0), id: v.getFloat64(8) };
+}
+
+/**
+ * Sends `one()` for `seconds`, as fast as it is taken (at most `window` in flight), or at
+ * `rate`/s in 10 ms ticks; resolves to how many were sent once all are acknowledged.
+ */
+export async function paced(seconds: number, rate: number | undefined, window: number, one: () => Promise<unknown>): Promise<number> {
+  const until = performance.now() + seconds * 1000;
+  const w = new Window(window);
+  let sent = 0;
+  if (rate === undefined) {
+    while (performance.now() < until) {
+      sent++;
+      await w.add(one());
+    }
+  } else {
+    const perTick = Math.max(1, Math.round(rate / 100));
+    while (performance.now() < until) {
+      const t = performance.now();
+      for (let i = 0; i < perTick; i++) w.track(one());
+      sent += perTick;
+      const wait = 10 - (performance.now() - t);
+      if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+    }
+  }
+  await w.drained();
+  return sent;
+}
+
+/** Bucket i holds latencies up to 1.02^i - 1 ms: 2% resolution, sparse, summed across processes. */
+const GROWTH = Math.log(1.02);
+export type Histogram = Record<string, number>;
+
+export function record(h: Histogram, ms: number): void {
+  const i = Math.max(0, Math.ceil(Math.log(Math.max(0, ms) + 1) / GROWTH));
+  h[i] = (h[i] ?? 0) + 1;
+}
+
+export function merge(into: Histogram, h: Histogram): Histogram {
+  for (const [i, n] of Object.entries(h)) into[i] = (into[i] ?? 0) + n;
+  return into;
+}
+
+/** The latency (ms, upper bound of its bucket) at quantile q; 0 for an empty histogram. */
+export function quantile(h: Histogram, q: number): number {
+  const buckets = Object.entries(h).map(([i, n]) => [Number(i), n] as const).sort((a, b) => a[0] - b[0]);
+  const total = buckets.reduce((s, [, n]) => s + n, 0);
+  if (total === 0) return 0;
+  const rank = Math.min(total, Math.max(1, Math.ceil(q * total)));
+  let seen = 0;
+  for (const [i, n] of buckets) {
+    seen += n;
+    if (seen >= rank) return Number((Math.exp(i * GROWTH) - 1).toFixed(2));
+  }
+  return 0;
+}

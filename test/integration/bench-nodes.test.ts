@@ -1,0 +1,46 @@
+/**
+ * The functional check of `npm run bench -- <scenario> --nodes N` (issue: horizontal scaling,
+ * measured): with two of every process that scales out, each system delivers every entry it was
+ * sent exactly once, at full rate and at half of it. Few devices, few seconds: this asserts what is
+ * delivered, not how fast (the benchmark reports that).
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import { fileURLToPath } from "node:url";
+
+const ROOT = fileURLToPath(new URL("../../", import.meta.url));
+const run = promisify(execFile);
+
+interface FanoutRow {
+  system: string;
+  nodes: number;
+  sent_max: number;
+  delivered_max: number;
+  sent_half: number;
+  delivered_half: number;
+  duplicates: number;
+  us_per_entry: Record<string, number>;
+  cpu_procs?: string;
+}
+
+test("bench --nodes 2: every system delivers every entry once, at full and at half rate", { timeout: 300_000 }, async () => {
+  const { stdout } = await run(
+    process.execPath,
+    ["--import", "tsx", "bench/compare/run.ts", "fanout", "--nodes", "2", "--devices", "24", "--seconds", "2", "--json"],
+    { cwd: ROOT, env: { ...process.env, BENCH_SOURCE: "1" }, maxBuffer: 16 * 1024 * 1024, timeout: 280_000 },
+  );
+  const rows = stdout.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l) as FanoutRow & { summary?: boolean });
+  const bySystem = new Map(rows.filter((r) => r.summary !== true).map((r) => [r.system, r]));
+  assert.deepEqual([...bySystem.keys()].sort(), ["jetgate", "jetstream-limit", "socketio", "uws-limit"]);
+  for (const [system, r] of bySystem) {
+    assert.equal(r.nodes, 2, system);
+    assert.ok(r.sent_max > 0 && r.sent_half > 0, `${system}: nothing sent`);
+    assert.equal(r.delivered_max, r.sent_max, `${system}: delivered at full rate`);
+    assert.equal(r.delivered_half, r.sent_half, `${system}: delivered at half rate`);
+    assert.equal(r.duplicates, 0, `${system}: entries delivered twice`);
+    // two processes of each role that scales out, each reported
+    assert.match(r.cpu_procs ?? "", system === "jetgate" ? /gateway#2:.*worker#2:.*producer#2:.*devices#2:/ : /server#2:.*devices#2:/, system);
+  }
+});

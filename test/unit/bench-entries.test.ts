@@ -1,0 +1,43 @@
+/**
+ * What the benchmark's delivery checks rest on (bench/compare/entries.ts): every body carries its
+ * stamp and an id unique over the run, and latency histograms merged from several generator
+ * processes give the quantiles of all their samples.
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import fc from "fast-check";
+import { idSource, merge, quantile, readStamp, record, stampedBody, type Histogram } from "../../bench/compare/entries.js";
+
+test("bench entries - a body gives back its id and stamp; ids of different producers never meet", () => {
+  const a = idSource(0);
+  const b = idSource(1);
+  const ids = new Set<number>();
+  for (let i = 0; i < 1000; i++) for (const next of [a, b]) ids.add(next());
+  assert.equal(ids.size, 2000);
+  const before = performance.timeOrigin + performance.now();
+  const body = stampedBody(2 ** 32 + 7);
+  const s = readStamp(body)!;
+  assert.equal(s.id, 2 ** 32 + 7);
+  assert.ok(s.sentAt >= before && s.sentAt <= performance.timeOrigin + performance.now());
+  assert.equal(readStamp(new Uint8Array(8)), undefined, "too short to carry an id");
+});
+
+test("bench entries - merged histograms: quantiles within 2% of the exact ones over all samples", () => {
+  fc.assert(
+    fc.property(fc.array(fc.array(fc.double({ min: 0.01, max: 5000, noNaN: true }), { minLength: 1, maxLength: 200 }), { minLength: 1, maxLength: 4 }), (parts) => {
+      const all = parts.flat().sort((x, y) => x - y);
+      const merged = parts.reduce((h, part) => {
+        const own: Histogram = {};
+        for (const v of part) record(own, v);
+        return merge(h, own);
+      }, {} as Histogram);
+      for (const q of [0.5, 0.99, 1]) {
+        const exact = all[Math.min(all.length, Math.max(1, Math.ceil(q * all.length))) - 1]!;
+        const got = quantile(merged, q);
+        // the bucket's upper bound: at or above the sample, by at most one bucket (2%, +1 ms at 0)
+        assert.ok(got >= exact - 0.01 && got <= (exact + 1) * 1.02 - 1 + 0.01, `q${q}: ${got} for ${exact}`);
+      }
+    }),
+  );
+  assert.equal(quantile({}, 0.99), 0);
+});
