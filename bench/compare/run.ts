@@ -156,6 +156,18 @@ interface Report {
   duplicates: number;
 }
 
+/** Reports of several generators, or of one over several periods: counts and latencies add up, the span covers them all. */
+function mergeReports(rs: Report[]): Report {
+  const got = rs.filter((r) => r.received > 0);
+  return {
+    received: rs.reduce((n, r) => n + r.received, 0),
+    first: got.length > 0 ? Math.min(...got.map((r) => r.first)) : 0,
+    last: got.length > 0 ? Math.max(...got.map((r) => r.last)) : 0,
+    hist: rs.reduce((h, r) => merge(h, r.hist), {} as Histogram),
+    duplicates: rs.reduce((n, r) => n + r.duplicates, 0),
+  };
+}
+
 /**
  * The device generators (bench/compare/devices.ts): one process per node, device i (user `u<i>`)
  * in generator i mod N, connected where the system places it. Answers are merged.
@@ -184,15 +196,7 @@ class Generators {
   }
 
   async report(): Promise<Report> {
-    const rs = (await this.all({ cmd: "report" })) as unknown as Report[];
-    const got = rs.filter((r) => r.received > 0);
-    return {
-      received: rs.reduce((n, r) => n + r.received, 0),
-      first: got.length > 0 ? Math.min(...got.map((r) => r.first)) : 0,
-      last: got.length > 0 ? Math.max(...got.map((r) => r.last)) : 0,
-      hist: rs.reduce((h, r) => merge(h, r.hist), {} as Histogram),
-      duplicates: rs.reduce((n, r) => n + r.duplicates, 0),
-    };
+    return mergeReports((await this.all({ cmd: "report" })) as unknown as Report[]);
   }
 
   /** Every device has `expect` entries on its current connection, or the deadline passed. */
@@ -234,15 +238,7 @@ async function settled(gens: Generators): Promise<Report> {
     all.push(r);
     if (r.received === 0 && all.length > 1) break;
   }
-  // throughput spans every report; latencies add up
-  const got = all.filter((r) => r.received > 0);
-  return {
-    received: all.reduce((n, r) => n + r.received, 0),
-    first: got.length > 0 ? Math.min(...got.map((r) => r.first)) : 0,
-    last: got.length > 0 ? Math.max(...got.map((r) => r.last)) : 0,
-    hist: all.reduce((h, r) => merge(h, r.hist), {} as Histogram),
-    duplicates: all.reduce((n, r) => n + r.duplicates, 0),
-  };
+  return mergeReports(all);
 }
 
 /** Messages nats-server has taken in and sent out so far (its /varz), when the system has one. */
