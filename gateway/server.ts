@@ -13,7 +13,13 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { SignJWT } from "jose";
 import type * as Uws from "uWebSockets.js";
-import { DispatchValidationError, type Config, type DispatchResult, type Dispatcher } from "../protocol/index.js";
+import {
+  DispatchUnavailableError,
+  DispatchValidationError,
+  type Config,
+  type DispatchResult,
+  type Dispatcher,
+} from "../protocol/index.js";
 import { BATCH_SHAPE, DispatchShapeGuard, SINGLE_SHAPE, maxDispatchBodyBytes, parseDispatchBatch, parseDispatchBody, type ParsedDispatch } from "./dispatch-body.js";
 import type { SessionPorts, Transport } from "./ports.js";
 import { Session } from "./session.js";
@@ -167,9 +173,20 @@ function serveDemo(app: Uws.TemplatedApp, config: Config, dir: string): void {
   });
 }
 
-function reply(res: Uws.HttpResponse, aborted: () => boolean, status: string, body: unknown): void {
+function reply(res: Uws.HttpResponse, aborted: () => boolean, status: string, body: unknown, headers: Record<string, string> = {}): void {
   if (aborted()) return;
-  res.cork(() => res.writeStatus(status).writeHeader("content-type", "application/json").end(JSON.stringify(body) + "\n"));
+  res.cork(() => {
+    res.writeStatus(status).writeHeader("content-type", "application/json");
+    for (const [k, v] of Object.entries(headers)) res.writeHeader(k, v);
+    res.end(JSON.stringify(body) + "\n");
+  });
+}
+
+/** A dispatch's HTTP answer. */
+interface Answer {
+  status: string;
+  body: unknown;
+  headers?: Record<string, string>;
 }
 
 function handleDispatch(
@@ -181,9 +198,9 @@ function handleDispatch(
 ): void {
   let aborted = false;
   res.onAborted(() => (aborted = true));
-  const done = (status: string, body: unknown) => {
+  const done = (status: string, body: unknown, headers?: Record<string, string>) => {
     ctx.metrics.dispatchRequests.inc({ status: status.slice(0, 3) });
-    reply(res, () => aborted, status, body);
+    reply(res, () => aborted, status, body, headers);
   };
   const token = config.JETGATE_SERVICE_TOKEN;
   if (token === undefined) {
@@ -226,7 +243,7 @@ function handleDispatch(
       const parsed = req.batch ? parseDispatchBatch(raw) : parseDispatchBody(raw);
       if (!parsed.ok) return done("400 Bad Request", { error: parsed.error, field: parsed.field });
       void ("requests" in parsed ? dispatchBatch(parsed.requests, dispatcher) : dispatchRequest(parsed.request, dispatcher)).then(
-        (r) => done(r.status, r.body),
+        (r) => done(r.status, r.body, r.headers),
         (err: unknown) => {
           ctx.log.error({ err }, "dispatch failed");
           done("500 Internal Server Error", { error: "internal error" });
@@ -262,25 +279,39 @@ function resultsJson(results: DispatchResult[]): unknown[] {
   return results.map((r) => ("error" in r ? r : { user: r.user, shard: r.shard, seq: r.seq.toString(), offset: r.offset, duplicate: r.duplicate }));
 }
 
-async function dispatchRequest(request: ParsedDispatch, dispatcher: Dispatcher): Promise<{ status: string; body: unknown }> {
+/** 200 when every recipient's entry was appended; 502 with each recipient's result when some failed. */
+function resultsAnswer(all: DispatchResult[][], body: object): Answer {
+  return { status: all.some((results) => results.some((r) => "error" in r)) ? "502 Bad Gateway" : "200 OK", body };
+}
+
+/**
+ * What the Dispatcher refused, with nothing published: bad input (400), or NATS away (503 with
+ * Retry-After); anything else is a fault.
+ */
+function refused(err: unknown): Answer {
+  if (err instanceof DispatchValidationError) return { status: "400 Bad Request", body: { error: err.message, field: err.field } };
+  if (err instanceof DispatchUnavailableError) {
+    return { status: "503 Service Unavailable", body: { error: err.message, code: err.code }, headers: { "retry-after": String(Math.ceil(err.retryAfterMs / 1000)) } };
+  }
+  throw err;
+}
+
+async function dispatchRequest(request: ParsedDispatch, dispatcher: Dispatcher): Promise<Answer> {
   try {
     const results = await dispatcher.dispatch(request);
-    return { status: results.some((r) => "error" in r) ? "502 Bad Gateway" : "200 OK", body: { results: resultsJson(results) } };
+    return resultsAnswer([results], { results: resultsJson(results) });
   } catch (err) {
-    if (err instanceof DispatchValidationError) return { status: "400 Bad Request", body: { error: err.message, field: err.field } };
-    throw err;
+    return refused(err);
   }
 }
 
 /** A batch: the Dispatcher validates every dispatch before it appends any (`dispatchMany`). */
-async function dispatchBatch(requests: ParsedDispatch[], dispatcher: Dispatcher): Promise<{ status: string; body: unknown }> {
+async function dispatchBatch(requests: ParsedDispatch[], dispatcher: Dispatcher): Promise<Answer> {
   try {
     const all = await dispatcher.dispatchMany(requests);
-    const failed = all.some((results) => results.some((r) => "error" in r));
-    return { status: failed ? "502 Bad Gateway" : "200 OK", body: { dispatches: all.map((results) => ({ results: resultsJson(results) })) } };
+    return resultsAnswer(all, { dispatches: all.map((results) => ({ results: resultsJson(results) })) });
   } catch (err) {
-    if (err instanceof DispatchValidationError) return { status: "400 Bad Request", body: { error: err.message, field: err.field } };
-    throw err;
+    return refused(err);
   }
 }
 

@@ -49,6 +49,22 @@ export class DispatchValidationError extends JetgateError {
 }
 
 /**
+ * NATS cannot be reached (the connection is down and reconnecting, or closed): nothing of this
+ * dispatch was published. Retry after `retryAfterMs`; `POST /v1/dispatch` answers it with 503 and
+ * Retry-After.
+ */
+export class DispatchUnavailableError extends JetgateError {
+  readonly retryAfterMs: number;
+  constructor(message: string, retryAfterMs: number) {
+    super("DISPATCH_UNAVAILABLE", message);
+    this.retryAfterMs = retryAfterMs;
+  }
+}
+
+/** How soon a caller refused while NATS is away should try again. */
+const DISPATCH_RETRY_AFTER_MS = 2000;
+
+/**
  * One recipient's outcome. `seq` is the mailbox_seq the device sees (a bigint: it passes 2^53 at
  * epoch 32), derived from the registry at the ack: an epoch change or a split forward between the
  * append and the worker's processing can number the entry differently (devices dedup by
@@ -157,6 +173,8 @@ export class Dispatcher {
   private inFlight = 0;
   private nextToken = 0;
   private readonly sweeper: ReturnType<typeof setInterval>;
+  /** Why NATS cannot be reached now (from the connection's status events); undefined while connected. */
+  private down: string | undefined;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -172,6 +190,28 @@ export class Dispatcher {
     // One timer for every ack deadline instead of one per publish.
     this.sweeper = setInterval(() => this.sweep(), Math.max(10, Math.min(100, Math.floor(this.ackTimeoutMs / 4))));
     this.sweeper.unref?.();
+    void this.watchConnection();
+  }
+
+  /** Follows the connection's status: a call made while it is down is refused, not queued for an ack that cannot come. */
+  private async watchConnection(): Promise<void> {
+    for await (const s of this.nc.status()) {
+      if (s.type === "disconnect") this.down = `NATS connection to ${s.server} lost; reconnecting`;
+      else if (s.type === "reconnecting") this.down ??= "NATS unreachable; reconnecting";
+      else if (s.type === "reconnect") this.down = undefined;
+      else if (s.type === "close") this.down = "NATS connection closed";
+    }
+    this.down = "NATS connection closed";
+  }
+
+  /** Why a dispatch now would be refused with DispatchUnavailableError; undefined while NATS is reachable. */
+  get unavailable(): string | undefined {
+    return this.nc.isClosed() ? "NATS connection closed" : this.down;
+  }
+
+  private refuseWhileDown(): DispatchUnavailableError | undefined {
+    const why = this.unavailable;
+    return why === undefined ? undefined : new DispatchUnavailableError(`${why}: nothing was published`, DISPATCH_RETRY_AFTER_MS);
   }
 
   /**
@@ -210,7 +250,11 @@ export class Dispatcher {
     return { ...req, shards };
   }
 
-  /** Appends the entry for every recipient; one result per recipient, in request order. */
+  /**
+   * Appends the entry for every recipient; one result per recipient, in request order. Throws
+   * DispatchValidationError on bad input and DispatchUnavailableError while NATS cannot be
+   * reached, in both cases with nothing published.
+   */
   dispatch(req: DispatchRequest): Promise<DispatchResult[]> {
     let r: ReturnType<Dispatcher["validate"]>;
     try {
@@ -218,7 +262,8 @@ export class Dispatcher {
     } catch (err) {
       return Promise.reject(err instanceof Error ? err : new Error(String(err)));
     }
-    return this.append(r);
+    const down = this.refuseWhileDown();
+    return down !== undefined ? Promise.reject(down) : this.append(r);
   }
 
   /**
@@ -236,7 +281,8 @@ export class Dispatcher {
         return Promise.reject(err instanceof Error ? err : new Error(String(err)));
       }
     }
-    return Promise.all(valid.map((r) => this.append(r)));
+    const down = this.refuseWhileDown();
+    return down !== undefined ? Promise.reject(down) : Promise.all(valid.map((r) => this.append(r)));
   }
 
   private append(r: ReturnType<Dispatcher["validate"]>): Promise<DispatchResult[]> {
