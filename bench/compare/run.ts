@@ -86,7 +86,8 @@ function cpuSeconds(pid: number): number {
  * CPU of each process of the system (and the device generators) between start and stop: by role
  * (the N processes of a role together), each one's share of a core and its CPU microseconds per
  * delivered entry (`us_per_entry`, with `total`: the system's processes together, devices
- * excluded); with more than one node, each process's share too (`cpu_procs`).
+ * excluded); with more than one node, each process's share and CPU per entry too (`cpu_procs`,
+ * `us_per_process`).
  */
 function cpuShares(pids: Record<string, number[]>) {
   const t0 = performance.now();
@@ -97,12 +98,15 @@ function cpuShares(pids: Record<string, number[]>) {
     const used = all.map((p, i) => ({ ...p, cpu: cpuSeconds(p.pid) - c0[i]! }));
     const byRole = new Map<string, number>();
     for (const u of used) byRole.set(u.role, (byRole.get(u.role) ?? 0) + u.cpu);
-    const usPer = Object.fromEntries([...byRole].map(([k, c]) => [k, Number(((c / delivered) * 1e6).toFixed(1))]));
+    const us = (c: number) => Number(((c / delivered) * 1e6).toFixed(1));
+    const usPer = Object.fromEntries([...byRole].map(([k, c]) => [k, us(c)]));
     const total = Object.entries(usPer).filter(([k]) => k !== "devices").reduce((n, [, v]) => n + v, 0);
     const pct = (c: number) => Math.round((c / secs) * 100);
+    const several = used.length > byRole.size;
     return {
       shares: [...byRole].map(([k, c]) => `${k}:${pct(c)}%`).join(","),
-      procs: used.length > byRole.size ? used.map((u) => `${u.name}:${pct(u.cpu)}%`).join(",") : undefined,
+      procs: several ? used.map((u) => `${u.name}:${pct(u.cpu)}%`).join(",") : undefined,
+      usPerProcess: several ? Object.fromEntries(used.map((u) => [u.name, us(u.cpu)])) : undefined,
       usPerEntry: { ...usPer, total: Number(total.toFixed(1)) },
     };
   };
@@ -267,7 +271,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
   const half = await settled(gens);
   return {
     scenario, system: sys.name, nodes, devices, entries_per_s: rate, p50_ms: quantile(half.hist, 0.5), p99_ms: quantile(half.hist, 0.99),
-    server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu_max: cpuMax.shares, cpu_procs: cpuMax.procs, us_per_entry: cpuMax.usPerEntry,
+    server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu_max: cpuMax.shares, cpu_procs: cpuMax.procs, us_per_entry: cpuMax.usPerEntry, us_per_process: cpuMax.usPerProcess,
     nats_msgs_per_entry: natsPerEntry, sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received,
     duplicates: max.duplicates + half.duplicates, half_rate: Math.floor(rate / 2), ...(sys.natsMonitorPort !== undefined ? { shards } : {}),
   };
@@ -320,7 +324,8 @@ async function storm(sys: System, gens: Generators, perUser: number): Promise<Ro
   const total = devices * perUser;
   return {
     scenario, system: sys.name, nodes, devices, entries_per_s: Math.round((received / (r.elapsed_ms as number)) * 1000), p50_ms: null, p99_ms: null,
-    server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu: cpuAll.shares, cpu_procs: cpuAll.procs, us_per_entry: received > 0 ? cpuAll.usPerEntry : undefined, retries: r.retries,
+    server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu: cpuAll.shares, cpu_procs: cpuAll.procs, us_per_entry: received > 0 ? cpuAll.usPerEntry : undefined,
+    us_per_process: received > 0 ? cpuAll.usPerProcess : undefined, retries: r.retries,
     synced_ms: r.synced_ms, complete_ms: r.complete_ms, synced: r.synced, completed: r.completed, received, duplicates: dup, entries_behind: perUser,
     note: r.timed_out === true ? `not done after ${deadlineSeconds} s: ${String(r.completed)} of ${devices} devices complete, ${received} of ${total} entries` : undefined,
   };

@@ -22,6 +22,7 @@ interface FanoutRow {
   delivered_half: number;
   duplicates: number;
   us_per_entry: Record<string, number>;
+  us_per_process?: Record<string, number>;
   cpu_procs?: string;
 }
 
@@ -42,5 +43,12 @@ test("bench --nodes 2: every system delivers every entry once, at full and at ha
     assert.equal(r.duplicates, 0, `${system}: entries delivered twice`);
     // two processes of each role that scales out, each reported
     assert.match(r.cpu_procs ?? "", system === "jetgate" ? /gateway#2:.*worker#2:.*producer#2:.*devices#2:/ : /server#2:.*devices#2:/, system);
+    const roles = system === "jetgate" ? ["gateway", "worker", "producer"] : ["server"];
+    for (const role of roles) {
+      const each = [1, 2].map((k) => r.us_per_process?.[`${role}#${k}`]);
+      assert.ok(each.every((us) => us !== undefined && us > 0), `${system}: CPU per entry of each ${role}`);
+      // the role's figure is its processes' together (each rounded to 0.1 us)
+      assert.ok(Math.abs(each[0]! + each[1]! - r.us_per_entry[role]!) <= 0.2, `${system}: ${role} sums its processes`);
+    }
   }
 });
