@@ -4,7 +4,7 @@
  * test process exits, even after a failure.
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, rmSync, readFileSync, existsSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, readFileSync, existsSync, writeFileSync } from "node:fs";
 import { createServer, createConnection } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -18,8 +18,62 @@ process.on("exit", () => {
   for (const p of live) p.kill("SIGKILL");
 });
 
-/** A port that was free a moment ago (the OS picks it). */
+/**
+ * Ports handed out to this process, reserved against every other test process until it exits.
+ * Test files run in parallel processes, and a test that restarts a server on its port leaves that
+ * port free for a moment: another process asking the OS for a free port could get it, start its
+ * own Redis there, and the first test would then restart onto (and FLUSHALL) the other one's Redis.
+ * Seen as devices of the e2e test missing entries after "Redis lost the worker set".
+ */
+const PORT_DIR = join(tmpdir(), "jetgate-test-ports");
+const reserved = new Set<number>();
+process.on("exit", () => {
+  for (const port of reserved) rmSync(join(PORT_DIR, String(port)), { force: true });
+});
+
+/** Reserves `port` for this process: one file per port, created by one process only; a dead owner's is taken over. */
+function reserve(port: number): boolean {
+  mkdirSync(PORT_DIR, { recursive: true });
+  const file = join(PORT_DIR, String(port));
+  for (let attempt = 0; attempt < 2; attempt++) {
+    try {
+      writeFileSync(file, String(process.pid), { flag: "wx" });
+      reserved.add(port);
+      return true;
+    } catch {
+      let owner = 0;
+      try {
+        owner = Number(readFileSync(file, "utf8"));
+      } catch {
+        continue; // released meanwhile: try again
+      }
+      if (alive(owner)) return false;
+      rmSync(file, { force: true });
+    }
+  }
+  return false;
+}
+
+function alive(pid: number): boolean {
+  if (!Number.isInteger(pid) || pid <= 0) return false;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
+  }
+}
+
+/** A port that was free a moment ago (the OS picks it) and that no other test process holds. */
 export async function freePort(): Promise<number> {
+  for (let i = 0; i < 200; i++) {
+    const port = await osFreePort();
+    if (reserve(port)) return port;
+  }
+  throw new Error("no free port that another test process does not hold, after 200 tries");
+}
+
+function osFreePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const srv = createServer();
     srv.unref();
