@@ -41,7 +41,7 @@ function reserve(port: number): boolean {
       reserved.add(port);
       return true;
     } catch {
-      let owner = 0;
+      let owner: number;
       try {
         owner = Number(readFileSync(file, "utf8"));
       } catch {
