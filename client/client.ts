@@ -86,6 +86,11 @@ export interface ClientOptions {
   dedupWindow?: number;
   /** Send a cumulative ACK after this many entries or this many ms, whichever comes first. */
   ackEvery?: { entries: number; ms: number };
+  /**
+   * An attempt without AUTH_OK by then is given up and the next gateway tried (default 10 s): a
+   * gateway behind a silent network, or one waiting on its own dependencies, never answers.
+   */
+  connectTimeoutMs?: number;
 }
 
 export type ClientState =
@@ -190,6 +195,7 @@ export class JetgateClient {
   private pingTimer: ReturnType<typeof setInterval> | undefined;
   private lastHeard = 0;
   private reconnectTimer: ReturnType<typeof setTimeout> | undefined;
+  private connectTimer: ReturnType<typeof setTimeout> | undefined;
   private saveChain: Promise<void> = Promise.resolve();
 
   constructor(private readonly opts: ClientOptions) {
@@ -235,7 +241,16 @@ export class JetgateClient {
 
   /** Drops the current connection and reconnects (e.g. after the app saw the network change). */
   disconnect(): void {
-    if (this.ws && this.ws.readyState === OPEN) this.ws.close(DeviceClose.RECONNECT.code, DeviceClose.RECONNECT.reason);
+    if (this.ws && this.ws.readyState === OPEN) this.abandon(DeviceClose.RECONNECT);
+  }
+
+  /**
+   * Closes the socket and goes on at once: the close handshake of a dead link would wait on a
+   * timeout of the WebSocket's own (30 s in `ws`) before onclose.
+   */
+  private abandon(why: { code: number; reason: string }): void {
+    this.ws?.close(why.code, why.reason);
+    this.onClose(why.code, why.reason);
   }
 
   /** Closes for good. */
@@ -286,6 +301,7 @@ export class JetgateClient {
     ws.onmessage = (ev) => this.onMessage(ev.data);
     ws.onerror = () => undefined; // onclose follows
     ws.onclose = (ev) => this.onClose(ev.code, ev.reason);
+    this.connectTimer = setTimeout(() => this.abandon(DeviceClose.CONNECT_TIMEOUT), this.opts.connectTimeoutMs ?? 10_000);
   }
 
   private onClose(code: number, reason: string): void {
@@ -302,6 +318,7 @@ export class JetgateClient {
   }
 
   private teardown(): void {
+    clearTimeout(this.connectTimer);
     clearInterval(this.pingTimer);
     clearTimeout(this.ackTimer);
     clearTimeout(this.refreshTimer);
@@ -413,6 +430,7 @@ export class JetgateClient {
   }
 
   private onAuthOk(f: Extract<ServerFrame, { t: "AUTH_OK" }>): void {
+    clearTimeout(this.connectTimer);
     this.scheduleRefresh(tokenExpiry(this.sessionToken));
     // after a CURSOR_REBASED that came before it
     this.queue.push({ authOk: { cursor: f.cursor, from: f.from } });
@@ -422,7 +440,7 @@ export class JetgateClient {
     const hb = Math.max(1000, f.hb);
     this.pingTimer = setInterval(() => {
       if (Date.now() - this.lastHeard > hb * 2 + 5000) {
-        this.ws?.close(DeviceClose.HEARTBEAT_MISSED.code, DeviceClose.HEARTBEAT_MISSED.reason);
+        this.abandon(DeviceClose.HEARTBEAT_MISSED);
         return;
       }
       this.write({ t: "PING" });

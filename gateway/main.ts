@@ -9,6 +9,7 @@ import { pino } from "pino";
 import { jetstream } from "@nats-io/jetstream";
 import {
   CloseCode,
+  DependencyHealth,
   Dispatcher,
   ingressMsgId,
   ingressSubject,
@@ -50,6 +51,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   const registry = await RegistryClient.open(nc, registryLogging(log));
   const keys = new RedisKeys(config.JETGATE_REDIS_PREFIX);
   const metrics = new GatewayMetrics();
+  const health = new DependencyHealth(nc, redis, { timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, log, metrics: { registry: metrics.registry, prefix: "jetgate_gateway_" } }).start();
   metrics.registryRecord.set(registry.state.seq);
   registry.onChange((st) => metrics.registryRecord.set(st.seq));
   const sessions = new SessionRegistry<Session>(nc, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log);
@@ -82,13 +84,12 @@ export async function runGateway(env: Record<string, string | undefined> = proce
     problems: () => {
       const p: string[] = [];
       if (draining) p.push("draining");
-      if (nc.isClosed() || nc.isDraining()) p.push("nats");
-      if (redis.status !== "ready") p.push("redis");
+      p.push(...health.problems());
       if (registry.state.shards.size === 0) p.push("registry");
       return p;
     },
   });
-  const server = await startServer(uws, config, ctx, dispatcher);
+  const server = await startServer(uws, config, ctx, dispatcher, () => health.problems());
   log.info({ port: server.port, opsPort: (ops.address() as AddressInfo).port, native }, "gateway listening");
 
   const shutdown = (signal: string) => {
@@ -109,6 +110,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       ops.close();
       dispatcher.close();
       presence.stop();
+      health.stop();
       sessions.close();
       await registry.close().catch(() => undefined);
       await nc.drain().catch(() => undefined);

@@ -44,7 +44,7 @@ export class GatewayMetrics {
     this.closes = c("jetgate_gateway_closes_total", "Connections closed by the gateway, by close code.", ["code"]);
     this.regressions = c("jetgate_mailbox_seq_regression_total", "A seq to send at or below the last sent on its connection: dropped (must stay 0).", ["component"]);
     this.dispatchRequests = c("jetgate_gateway_dispatch_requests_total", "POST /v1/dispatch requests by HTTP status.", ["status"]);
-    this.refusedUpgrades = c("jetgate_gateway_refused_upgrades_total", "WebSocket upgrades refused before a session, by reason (per_ip).", ["reason"]);
+    this.refusedUpgrades = c("jetgate_gateway_refused_upgrades_total", "WebSocket upgrades refused before a session, by reason (per_ip, dependency).", ["reason"]);
     this.tailFills = c("jetgate_gateway_tail_fills_total", "Live sessions found behind their user's head by the periodic tail check (a lost last push), and filled.");
     this.devicesEvicted = c("jetgate_gateway_device_state_evicted_total", "Devices whose stored ACK state was dropped for a newer device of the same user (JETGATE_MAX_DEVICES_PER_USER).");
     this.registryRecord = new Gauge({ name: "jetgate_gateway_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });

@@ -44,6 +44,8 @@ export function startServer(
   config: Config,
   ctx: SessionPorts,
   dispatcher: Dispatcher,
+  /** Dependencies not answering now: new devices are turned away (503) to try another gateway. */
+  unavailable: () => string[] = () => [],
 ): Promise<GatewayServer> {
   const app = uws.App();
   let upgrades = true;
@@ -58,6 +60,13 @@ export function startServer(
     upgrade: (res, req, context) => {
       if (!upgrades) {
         res.writeStatus("503 Service Unavailable").end("draining");
+        return;
+      }
+      // a session's AUTH would wait on the silent dependency; connected devices keep their sessions
+      const down = unavailable();
+      if (down.length > 0) {
+        ctx.metrics.refusedUpgrades.inc({ reason: "dependency" });
+        res.writeStatus("503 Service Unavailable").end(`dependency not answering: ${down.join(", ")}`);
         return;
       }
       const forwarded = config.JETGATE_TRUST_FORWARDED_FOR ? req.getHeader("x-forwarded-for").split(",").pop()?.trim() : undefined;

@@ -144,6 +144,8 @@ export const envSchema = z.object({
   JETGATE_REDIS_CLUSTER: bool(false),
   JETGATE_REDIS_CA_FILE: optionalStr,
   /** Prefix of every Redis key, so several deployments can share one Redis. */
+  /** A dependency that has not answered a probe for this long makes the process not ready. */
+  JETGATE_DEPENDENCY_TIMEOUT_MS: int(200, 600_000, 2000),
   JETGATE_REDIS_PREFIX: str("jg").pipe(z.string().regex(/^[A-Za-z0-9_-]{1,32}$/, "must be 1..32 of A-Z a-z 0-9 _ -")),
 
   // mailbox streams (used by `registry init`)

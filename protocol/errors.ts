@@ -85,6 +85,7 @@ export const DeviceClose = {
   RECONNECT: { code: 4000, reason: "client reconnect" },
   HEARTBEAT_MISSED: { code: 4001, reason: "heartbeat missed" },
   BAD_SERVER_FRAME: { code: 4002, reason: "bad frame from server" },
+  CONNECT_TIMEOUT: { code: 4003, reason: "no AUTH_OK in time" },
 } as const satisfies Record<string, { code: number; reason: string }>;
 
 /** Whether a device should reconnect after this close code (all but a replaced session). */

@@ -25,3 +25,4 @@ export * from "./io/connect.js";
 export * from "./layout.js";
 export * from "./io/process.js";
 export * from "./io/ops-http.js";
+export * from "./io/health.js";

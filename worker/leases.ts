@@ -46,7 +46,7 @@ export class Leases {
    * ticking within that lease sees it, whichever re-created it. A worker whose own tick ran late
    * finds its entry expired but an old marker: that is not a loss of the worker set.
    */
-  async heartbeat(): Promise<{ live: string[]; redisLost: boolean }> {
+  async heartbeat(present = true): Promise<{ live: string[]; redisLost: boolean }> {
     const now = Date.now();
     const key = this.keys.workers();
     // issued together: one auto-pipelined round trip, in order
@@ -54,12 +54,13 @@ export class Leases {
       this.redis.set(`${key}:since`, String(now), "NX"),
       this.redis.get(`${key}:since`),
       this.redis.zremrangebyscore(key, "-inf", String(now)),
-      this.redis.zadd(key, now + this.leaseMs, this.owner),
+      // absent: a worker that cannot reach NATS leaves the set, so the others take its share
+      present ? this.redis.zadd(key, now + this.leaseMs, this.owner) : this.redis.zrem(key, this.owner),
       this.redis.zrangebyscore(key, String(now), "+inf"),
     ]);
     const since = Number(sinceValue);
     const lost = Number.isFinite(since) && now - since < this.leaseMs;
-    return { live: live.includes(this.owner) ? live.sort() : [...live, this.owner].sort(), redisLost: lost };
+    return { live: live.includes(this.owner) || !present ? live.sort() : [...live, this.owner].sort(), redisLost: lost };
   }
 
   async leave(): Promise<void> {

@@ -6,6 +6,7 @@ import { hostname } from "node:os";
 import type { AddressInfo } from "node:net";
 import { pino } from "pino";
 import {
+  DependencyHealth,
   RedisKeys,
   RegistryClient,
   connectNats,
@@ -32,15 +33,15 @@ export async function runWorker(env: Record<string, string | undefined> = proces
   const metrics = new WorkerMetrics();
   metrics.registryRecord.set(registry.state.seq);
   registry.onChange((st) => metrics.registryRecord.set(st.seq));
+  const health = new DependencyHealth(nc, redis, { timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, log, metrics: { registry: metrics.registry, prefix: "jetgate_worker_" } }).start();
   const worker = new Worker(
     { nc, redis, keys: new RedisKeys(config.JETGATE_REDIS_PREFIX), registry, metrics, log, workerId, config },
-    { leaseMs: config.JETGATE_LEASE_MS },
+    { leaseMs: config.JETGATE_LEASE_MS, natsTimeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, nats: { answering: () => health.answering("nats"), silentMs: () => health.silentMs("nats") } },
   );
   const http = await startOpsHttp(config.JETGATE_WORKER_HTTP_PORT, config.JETGATE_METRICS_HOST, metrics.registry, {
     problems: () => {
       const p: string[] = [];
-      if (nc.isClosed() || nc.isDraining()) p.push("nats");
-      if (redis.status !== "ready") p.push("redis");
+      p.push(...health.problems());
       if (registry.state.shards.size === 0) p.push("registry");
       if (worker.status.type !== "running") p.push(`worker ${worker.status.type}`);
       return p;
@@ -53,6 +54,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
     log.info({ signal }, "stopping: finishing batches, releasing leases");
     void (async () => {
       await worker.stop();
+      health.stop();
       await registry.close().catch(() => undefined);
       await nc.drain().catch(() => undefined);
       redis.disconnect();

@@ -12,6 +12,10 @@ import { ShardRunner, type RunnerDeps } from "./shard-runner.js";
 
 export interface WorkerOptions {
   leaseMs: number;
+  /** Whether NATS answers probes (protocol/io/health.ts); without it NATS is taken as answering. */
+  nats?: { answering(): boolean; silentMs(): number };
+  /** JETGATE_DEPENDENCY_TIMEOUT_MS: NATS silent this long is not answering. */
+  natsTimeoutMs: number;
 }
 
 export type WorkerStatus = { type: "idle" } | { type: "running" } | { type: "stopping" } | { type: "stopped" };
@@ -68,7 +72,8 @@ export class Worker {
   private async tick(): Promise<void> {
     if (this.statusValue.type !== "running") return;
     this.jsm ??= await jetstreamManager(this.deps.nc);
-    const beat = await this.leases.heartbeat();
+    const natsOk = this.opts.nats?.answering() ?? true;
+    const beat = await this.leases.heartbeat(natsOk);
     this.liveWorkers = beat.live;
     if (beat.redisLost && this.beats > 0) {
       // Redis lost the worker set and the leases (a restart without persistence, FLUSHALL):
@@ -79,8 +84,9 @@ export class Worker {
       this.deps.log.warn({ ms: this.opts.leaseMs }, "Redis lost the worker set: no new shards for one lease period");
     }
     this.beats++;
+    if (!natsOk) return this.withoutNats(beat.live);
     await this.renewAll();
-    if (Date.now() < this.settleUntil) return this.observe();
+    if (Date.now() < this.settleUntil) return this.observeSoon();
     const active = [...this.deps.registry.state.shards.values()].filter((s) => s.status === "active").map((s) => s.shard);
     const target = Math.ceil(active.length / Math.max(1, this.liveWorkers.length));
     const me = this.deps.workerId;
@@ -96,9 +102,40 @@ export class Worker {
       const worst = [...this.runners.keys()].sort((a, b) => rendezvous(me, a).localeCompare(rendezvous(me, b)))[0]!;
       await this.handBack(worst, "rebalancing");
     }
-    await this.observe();
+    this.observeSoon();
   }
 
+  /**
+   * NATS does not answer this worker (a partition, or NATS itself stopped). While another worker is
+   * live (it heartbeats only while its own NATS answers) and this has lasted two lease periods, the
+   * shards go to it: their leases are released and it takes them over with an epoch bump, which
+   * fences this worker's runners. Alone, a worker keeps its shards: nobody could do better, and
+   * handing them back would cost every shard an epoch when NATS returns. No new shards meanwhile.
+   */
+  private async withoutNats(live: string[]): Promise<void> {
+    const others = live.filter((w) => w !== this.deps.workerId);
+    // two lease periods past noticing: a worker that lost NATS too (NATS itself stopped) has left
+    // the set by then, so shards go only to a worker that can run them
+    if (this.runners.size > 0 && others.length > 0 && (this.opts.nats?.silentMs() ?? 0) > this.opts.natsTimeoutMs + 2 * this.opts.leaseMs) {
+      this.deps.log.warn({ shards: [...this.runners.keys()], others }, "NATS not answering for a lease period: handing the shards to live workers");
+      for (const shard of [...this.runners.keys()]) await this.letGo(shard, "NATS not answering");
+      return;
+    }
+    await this.renewAll();
+  }
+
+  /** Releases the lease at once; the runner stops when its NATS call in hand answers or times out. */
+  private async letGo(shard: number, reason: string): Promise<void> {
+    const runner = this.runners.get(shard);
+    this.runners.delete(shard);
+    this.deps.metrics.lease.set({ shard: String(shard) }, 0);
+    await this.leases.release(shard).catch(() => undefined);
+    if (runner === undefined) return;
+    const stopping = runner.stop(reason).finally(() => this.stopping.delete(stopping));
+    this.stopping.add(stopping);
+  }
+
+  private readonly stopping = new Set<Promise<void>>();
   private beats = 0;
   private settleUntil = 0;
 
@@ -139,6 +176,16 @@ export class Worker {
     await this.leases.release(shard).catch(() => undefined);
   }
 
+  private observing: Promise<void> | undefined;
+
+  /**
+   * Lag is read beside the ticks, never in them: its NATS requests wait out their timeout when NATS
+   * is silent, and a tick that waits stops renewing the leases it holds.
+   */
+  private observeSoon(): void {
+    this.observing ??= this.observe().finally(() => (this.observing = undefined));
+  }
+
   private async observe(): Promise<void> {
     for (const r of this.runners.values()) {
       const lag = await r.lag(this.jsm!).catch(() => undefined);
@@ -153,6 +200,7 @@ export class Worker {
     clearInterval(this.timer);
     await this.ticking;
     for (const shard of [...this.runners.keys()]) await this.handBack(shard, "worker stopping");
+    await Promise.all(this.stopping);
     await this.leases.leave().catch(() => undefined);
     this.statusValue = { type: "stopped" };
   }

@@ -1,7 +1,6 @@
 /**
  * Clustered infrastructure under load: a 3-master Redis Cluster (ioredis Cluster mode) carrying the
- * whole path, one master SIGKILLed and restarted empty. (The 3-node NATS scenario is in
- * test/faults-open/: it does not pass reliably yet.)
+ * whole path, one master SIGKILLed and restarted empty. (The 3-node NATS cluster is in nats-r3.test.ts.)
  */
 import { test } from "node:test";
 import { runScenario } from "../harness/faults.js";

@@ -10,7 +10,7 @@ import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { jetstream } from "@nats-io/jetstream";
 import { Dispatcher, RegistryClient, decodeStoredEntry, shardStream, type Entry } from "../../protocol/index.js";
 import { JetgateClient, MemoryCursorStore, type WebSocketFactory } from "../../client/index.js";
-import { initStack, spawnGateway, spawnWorker, freePortForTest, startInfra, type Infra, type JetgateProcess } from "./stack.js";
+import { initStack, spawnGateway, spawnWorker, freePortForTest, startInfra, type Infra, type JetgateProcess, type Placement } from "./stack.js";
 import { deviceToken } from "./device.js";
 import { sleep, waitFor } from "./wait.js";
 
@@ -29,6 +29,12 @@ export interface Device {
   pastSdkRegressions: number;
 }
 
+/** A process on a host of its own (test/harness/netns.ts): how to start it there, and its env there. */
+export interface HostPlacement extends Placement {
+  /** Overrides of the run's env on that host: NATS and Redis at the host's links' addresses. */
+  env: Record<string, string>;
+}
+
 /** What a scenario's fault can reach. */
 export class FaultRun {
   readonly workers: JetgateProcess[] = [];
@@ -41,6 +47,9 @@ export class FaultRun {
   registry!: RegistryClient;
   dispatcher!: Dispatcher;
   gatewayPorts: number[] = [];
+  /** Gateways (by port) and workers (by index) that run on hosts of their own. */
+  readonly gatewayPlaces = new Map<number, HostPlacement>();
+  workerPlaces: (HostPlacement | undefined)[] = [];
   private n = 0;
   private paused: Promise<void> | undefined;
   private unpause: (() => void) | undefined;
@@ -67,16 +76,22 @@ export class FaultRun {
     await this.nc?.close().catch(() => undefined);
   }
 
-  async spawnWorker(): Promise<JetgateProcess> {
-    const w = await spawnWorker(this.env);
+  async spawnWorker(place: HostPlacement | undefined = this.workerPlaces[this.workers.length]): Promise<JetgateProcess> {
+    const w = await spawnWorker({ ...this.env, ...place?.env }, {}, [], place);
     this.workers.push(w);
     return w;
   }
 
   async spawnGateway(port: number): Promise<JetgateProcess> {
-    const g = await spawnGateway(this.env, { JETGATE_GATEWAY_PORT: String(port) });
+    const place = this.gatewayPlaces.get(port);
+    const g = await spawnGateway({ ...this.env, ...place?.env }, { JETGATE_GATEWAY_PORT: String(port) }, [], place);
     this.gateways.push(g);
     return g;
+  }
+
+  /** The devices' URL of the gateway on `port`. */
+  gatewayUrl(port: number): string {
+    return `ws://${this.gatewayPlaces.get(port)?.host ?? "127.0.0.1"}:${port}/v1/ws`;
   }
 
   /**
@@ -183,7 +198,7 @@ export class FaultRun {
 
   private newClient(d: Omit<Device, "client">): JetgateClient {
     // `d` is the device object itself: counts land on it
-    const urls = this.gatewayPorts.map((p) => `ws://127.0.0.1:${p}/v1/ws`);
+    const urls = this.gatewayPorts.map((p) => this.gatewayUrl(p));
     const instance = new Set<string>();
     return new JetgateClient({
       url: urls, device: d.name, token: () => deviceToken(d.user), store: d.store,
@@ -197,7 +212,7 @@ export class FaultRun {
           d.applied.push(e);
         }
       },
-      WebSocket: WebSocket as unknown as WebSocketFactory, backoff: { baseMs: 50, capMs: 400 },
+      WebSocket: WebSocket as unknown as WebSocketFactory, backoff: { baseMs: 50, capMs: 400 }, connectTimeoutMs: 3000,
     });
   }
 
@@ -244,6 +259,8 @@ export interface ScenarioOptions {
   fault: (run: FaultRun) => Promise<void>;
   /** The user whose probe entry measures recovery (default: one on the highest shard, the one faults hit). */
   probeUser?: (run: FaultRun) => string;
+  /** Gateways and workers (by index) that run on hosts of their own; the rest run here. */
+  hosts?: { gateways?: (HostPlacement | undefined)[]; workers?: (HostPlacement | undefined)[] };
 }
 
 export interface ScenarioResult {
@@ -256,6 +273,8 @@ export interface ScenarioResult {
   recoverMs: number;
   /** How long the fault itself took (kill, wait, restart): part of recoverMs. */
   faultMs: number;
+  /** Epochs spent by the shards that existed at the start, from the load's start to the end. */
+  epochChanges: number;
 }
 
 /**
@@ -272,6 +291,11 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
     await opts.prepare?.(run);
     await run.connectControl();
     run.gatewayPorts = await Promise.all(Array.from({ length: opts.gateways ?? 2 }, () => freePortForTest()));
+    run.gatewayPorts.forEach((port, i) => {
+      const place = opts.hosts?.gateways?.[i];
+      if (place !== undefined) run.gatewayPlaces.set(port, place);
+    });
+    run.workerPlaces = opts.hosts?.workers ?? [];
     for (let i = 0; i < (opts.workers ?? 2); i++) await run.spawnWorker();
     for (const p of run.gatewayPorts) await run.spawnGateway(p);
     await waitFor("every shard owned", async () => {
@@ -281,6 +305,7 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
     }, { timeoutMs: 20_000 });
     await run.startDevices(opts.devicesPerUser ?? 2);
 
+    const epochsAtStart = new Map([...run.registry.state.shards].map(([id, sh]) => [id, sh.epoch]));
     load = run.load(10, 40);
     chaos = run.chaos(3, 200);
     await sleep(1500);
@@ -330,10 +355,12 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
     let regressions = sdkRegressions;
     for (const p of [...run.live(run.workers), ...run.live(run.gateways)]) regressions += await p.metric("jetgate_mailbox_seq_regression_total");
     const dispatched = [...run.sent.values()].reduce((n, ids) => n + ids.length, 0);
-    const result: ScenarioResult = { name: opts.name, dispatched, delivered, duplicates, regressions, failedDispatches: run.failed, recoverMs, faultMs };
+    let epochChanges = 0;
+    for (const [id, e] of epochsAtStart) epochChanges += (run.registry.state.shards.get(id)?.epoch ?? e) - e;
+    const result: ScenarioResult = { name: opts.name, dispatched, delivered, duplicates, regressions, failedDispatches: run.failed, recoverMs, faultMs, epochChanges };
     console.log(
       `fault ${opts.name.padEnd(28)} dispatched ${dispatched} delivered ${delivered} (to ${run.devices.length} devices) duplicates ${duplicates} ` +
-        `regressions ${regressions} failed-dispatches ${run.failed} recover ${recoverMs} ms (the fault itself ${faultMs} ms)`,
+        `regressions ${regressions} failed-dispatches ${run.failed} epoch-changes ${epochChanges} recover ${recoverMs} ms (the fault itself ${faultMs} ms)`,
     );
     assert.equal(regressions, 0, "mailbox_seq regressions (worker + gateway + SDK)");
     if (opts.duplicates === "none") assert.equal(duplicates, 0, "no epoch changed: no device may get an entry twice");
@@ -352,8 +379,8 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
 }
 
 /** A scenario on its own nats-server and redis-server, disposed afterwards. */
-export async function scenarioOnInfra(build: (infra: Infra) => ScenarioOptions): Promise<ScenarioResult> {
-  const infra = await startInfra();
+export async function scenarioOnInfra(build: (infra: Infra) => ScenarioOptions, servers: Parameters<typeof startInfra>[1] = {}): Promise<ScenarioResult> {
+  const infra = await startInfra({}, servers);
   try {
     return await runScenario(build(infra));
   } finally {

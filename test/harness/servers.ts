@@ -200,6 +200,8 @@ export interface NatsOptions {
   config?: string;
   /** Fixed client port (a cluster's routes name each other's ports up front). */
   port?: number;
+  /** Listen address; 0.0.0.0 for partition tests, whose hosts reach it over their own links. */
+  host?: string;
 }
 
 export class NatsServer extends ServerProcess {
@@ -223,7 +225,7 @@ export class NatsServer extends ServerProcess {
 
   protected command() {
     const log = join(this.dir, "nats.log");
-    const args = ["-a", "127.0.0.1", "-p", String(this.port), "-m", String(this.monitorPort), "-l", log];
+    const args = ["-a", this.opts.host ?? "127.0.0.1", "-p", String(this.port), "-m", String(this.monitorPort), "-l", log];
     if (this.opts.config !== undefined) {
       const file = join(this.dir, "nats.conf");
       writeFileSync(file, this.opts.config);
@@ -243,6 +245,8 @@ export class NatsServer extends ServerProcess {
 
 export interface RedisOptions {
   args?: string[];
+  /** Listen address; 0.0.0.0 for partition tests (protected mode off: they reach it from other hosts). */
+  host?: string;
 }
 
 export class RedisServer extends ServerProcess {
@@ -265,7 +269,7 @@ export class RedisServer extends ServerProcess {
   protected command() {
     const log = join(this.dir, "redis.log");
     const args = [
-      "--port", String(this.port), "--bind", "127.0.0.1", "--dir", this.dir, "--logfile", log,
+      "--port", String(this.port), "--bind", this.opts.host ?? "127.0.0.1", ...(this.opts.host !== undefined ? ["--protected-mode", "no"] : []), "--dir", this.dir, "--logfile", log,
       "--save", "", "--appendonly", "no", "--daemonize", "no", ...(this.opts.args ?? []),
     ];
     return { bin: REDIS_BIN, args, log };

@@ -23,8 +23,8 @@ export interface Infra {
   dispose(): Promise<void>;
 }
 
-export async function startInfra(env: Record<string, string> = {}): Promise<Infra> {
-  const [nats, redis] = await Promise.all([NatsServer.start(), RedisServer.start()]);
+export async function startInfra(env: Record<string, string> = {}, servers: { host?: string; redisArgs?: string[] } = {}): Promise<Infra> {
+  const [nats, redis] = await Promise.all([NatsServer.start({ host: servers.host }), RedisServer.start({ host: servers.host, args: servers.redisArgs })]);
   return {
     nats,
     redis,
@@ -65,6 +65,8 @@ export class JetgateProcess {
     readonly name: string,
     /** Health, readiness and metrics (the gateway's own listener; the worker's HTTP port). */
     readonly opsPort: number = httpPort,
+    /** Where the test reaches its ports: another address for a process on a host of its own. */
+    readonly host = "127.0.0.1",
   ) {
     const collect = (d: Buffer) => {
       for (const line of d.toString().split("\n")) if (line.trim()) this.output.push(line);
@@ -91,7 +93,7 @@ export class JetgateProcess {
 
   /** A GET on the operations port (/healthz, /readyz, /metrics). */
   async http(path: string): Promise<{ status: number; text: string }> {
-    const res = await fetch(`http://127.0.0.1:${this.opsPort}${path}`);
+    const res = await fetch(`http://${this.host}:${this.opsPort}${path}`, { signal: AbortSignal.timeout(5000) });
     return { status: res.status, text: await res.text() };
   }
 
@@ -115,6 +117,15 @@ process.on("exit", () => {
   for (const p of allProcesses) p.kill("SIGKILL");
 });
 
+/**
+ * Where a jetgate process runs: on a host of its own (test/harness/netns.ts), started through
+ * `wrap` (`ip netns exec ...`); `host` is the address the test reaches its listeners at.
+ */
+export interface Placement {
+  wrap: string[];
+  host: string;
+}
+
 /** Starts `node --import tsx <script>` with ports of its own and waits for /readyz. */
 async function spawnJetgate(
   what: string,
@@ -124,6 +135,7 @@ async function spawnJetgate(
   env: Record<string, string>,
   extra: Record<string, string>,
   nodeArgs: string[],
+  place?: Placement,
 ): Promise<JetgateProcess> {
   const port = extra[portVar] !== undefined ? Number(extra[portVar]) : await freePort();
   const opsPort = opsPortVar === undefined ? port : extra[opsPortVar] !== undefined ? Number(extra[opsPortVar]) : await freePort();
@@ -131,12 +143,15 @@ async function spawnJetgate(
   // benchmarks use it: tsx's transform gives every function expression an own `name` property,
   // which costs memory per closure that production code does not pay
   const entry = process.env.JETGATE_HARNESS_DIST === "1" ? [`dist/${script.replace(/\.ts$/, ".js")}`] : ["--import", "tsx", script];
-  const proc = spawn(process.execPath, [...nodeArgs, ...entry], {
+  // `ip netns exec` execs the program: the child's pid is node's, so signals reach it
+  const [bin, ...args] = [...(place?.wrap ?? []), process.execPath, ...nodeArgs, ...entry];
+  const hosts = place === undefined ? { JETGATE_GATEWAY_HOST: "127.0.0.1" } : { JETGATE_GATEWAY_HOST: "0.0.0.0", JETGATE_METRICS_HOST: "0.0.0.0" };
+  const proc = spawn(bin!, args, {
     cwd: ROOT,
-    env: { PATH: process.env.PATH ?? "", JETGATE_GATEWAY_HOST: "127.0.0.1", ...env, ...extra, [portVar]: String(port), ...(opsPortVar ? { [opsPortVar]: String(opsPort) } : {}) },
+    env: { PATH: process.env.PATH ?? "", ...hosts, ...env, ...extra, [portVar]: String(port), ...(opsPortVar ? { [opsPortVar]: String(opsPort) } : {}) },
     stdio: ["ignore", "pipe", "pipe"],
   });
-  const p = new JetgateProcess(proc, port, `${what} :${port}`, opsPort);
+  const p = new JetgateProcess(proc, port, `${what} ${place?.host ?? ""}:${port}`, opsPort, place?.host);
   await waitFor(`${what} on port ${port} to be ready`, async () => {
     if (proc.exitCode !== null) throw new WaitAbort(`${what} exited with ${proc.exitCode}:\n${p.output.join("\n")}`);
     return (await p.http("/readyz")).status === 200;
@@ -145,13 +160,13 @@ async function spawnJetgate(
 }
 
 /** Starts a worker process and waits until it is ready. `nodeArgs` go before the script (e.g. --cpu-prof). */
-export function spawnWorker(env: Record<string, string>, extra: Record<string, string> = {}, nodeArgs: string[] = []): Promise<JetgateProcess> {
-  return spawnJetgate("worker", "worker/main.ts", "JETGATE_WORKER_HTTP_PORT", undefined, env, extra, nodeArgs);
+export function spawnWorker(env: Record<string, string>, extra: Record<string, string> = {}, nodeArgs: string[] = [], place?: Placement): Promise<JetgateProcess> {
+  return spawnJetgate("worker", "worker/main.ts", "JETGATE_WORKER_HTTP_PORT", undefined, env, extra, nodeArgs, place);
 }
 
 /** Starts a gateway process (on a free port unless `extra` names one) and waits until it is ready. */
-export function spawnGateway(env: Record<string, string>, extra: Record<string, string> = {}, nodeArgs: string[] = []): Promise<JetgateProcess> {
-  return spawnJetgate("gateway", "gateway/main.ts", "JETGATE_GATEWAY_PORT", "JETGATE_GATEWAY_METRICS_PORT", env, extra, nodeArgs);
+export function spawnGateway(env: Record<string, string>, extra: Record<string, string> = {}, nodeArgs: string[] = [], place?: Placement): Promise<JetgateProcess> {
+  return spawnJetgate("gateway", "gateway/main.ts", "JETGATE_GATEWAY_PORT", "JETGATE_GATEWAY_METRICS_PORT", env, extra, nodeArgs, place);
 }
 
 /** Collects every push on `push.>`, decoded. */

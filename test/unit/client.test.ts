@@ -417,22 +417,40 @@ test("client - closes with the device's own close codes (DeviceClose)", async ()
   assert.deepEqual(closes, [DeviceClose.RECONNECT, DeviceClose.BAD_SERVER_FRAME, DeviceClose.BYE]);
 });
 
-test("client - a silent gateway: closed with HEARTBEAT_MISSED after 2 x hb + 5 s, then reconnects", { timeout: 15_000 }, async (t) => {
+test("client - a silent gateway: HEARTBEAT_MISSED after 2 x hb + 5 s, and it reconnects at once, not after the dead socket's close handshake", { timeout: 15_000 }, async (t) => {
   t.mock.timers.enable({ apis: ["setInterval", "Date"], now: Date.now() });
-  const closes: { code: number; reason: string }[] = [];
-  const { g } = await rig((c) => {
-    c.ws.on("close", (code, reason) => void closes.push({ code, reason: reason.toString() }));
-    c.on((f) => f.t === "AUTH" && c.send(authOk(0n, tok(), 1000), { t: "SYNCED", seq: 0n }));
+  const { g, client } = await rig((c, n) => {
+    c.on((f) => {
+      if (f.t !== "AUTH") return;
+      c.send(authOk(0n, tok(), 1000), { t: "SYNCED", seq: 0n });
+      // the first gateway goes silent: it reads nothing more, so no close handshake ever completes
+      // (`ws` would wait 30 s for one)
+      if (n === 0) setTimeout(() => (c.ws as unknown as { _socket: { pause(): void } })._socket.pause(), 50);
+    });
   });
-  await waitFor("AUTH_OK applied", () => g.conns[0]?.got.some((f) => f.t === "AUTH") === true);
+  const events: { code: number; reason: string }[] = [];
+  client.on((e) => e.type === "closed" && events.push({ code: e.code, reason: e.reason }));
+  await waitFor("AUTH_OK applied", () => client.state.type === "live");
   await sleep(100);
-  for (let i = 0; i < 8 && closes.length === 0; i++) {
+  for (let i = 0; i < 8 && events.length === 0; i++) {
     t.mock.timers.tick(1000);
     await sleep(20);
   }
-  await waitFor("closed", () => closes.length >= 1);
-  assert.deepEqual(closes[0], DeviceClose.HEARTBEAT_MISSED);
-  await waitFor("reconnected", () => g.conns.length >= 2);
+  await waitFor("given up", () => events.length >= 1);
+  assert.deepEqual(events[0], DeviceClose.HEARTBEAT_MISSED);
+  await waitFor("reconnected within 3 s", () => g.conns.length >= 2, { timeoutMs: 3000 });
+});
+
+test("client - a gateway that never answers AUTH: the attempt is given up after connectTimeoutMs (CONNECT_TIMEOUT) and tried again", async () => {
+  const closes: { code: number; reason: string }[] = [];
+  const { client } = await rig((c, n) => {
+    c.ws.on("close", (code, reason) => void closes.push({ code, reason: reason.toString() }));
+    c.on((f) => f.t === "AUTH" && n > 0 && c.send(authOk(0n), { t: "SYNCED", seq: 0n }));
+  }, { connectTimeoutMs: 300 });
+  await waitFor("live on the second attempt", () => client.state.type === "live", { timeoutMs: 3000 });
+  await waitFor("the first attempt closed", () => closes.length >= 1);
+  assert.deepEqual(closes[0], DeviceClose.CONNECT_TIMEOUT);
+  assert.equal(client.stats.reconnects, 1);
 });
 
 test("client - a gap whose PULL dies with the connection: the entry after it waits for the next session", async () => {
