@@ -26,3 +26,4 @@ export * from "./layout.js";
 export * from "./io/process.js";
 export * from "./io/ops-http.js";
 export * from "./io/health.js";
+export * from "./cli-args.js";

@@ -2,19 +2,18 @@
  * `npm run dispatch -- --to <user>[,<user>...] --text <text> [--lane <lane>]`: appends one entry to
  * each recipient's mailbox through the Dispatcher (the same library backends use).
  */
-import { parseArgs } from "node:util";
 import { randomBytes } from "node:crypto";
-import { ConfigError, DispatchValidationError, Dispatcher, RegistryClient, connectNats, loadConfig } from "../protocol/index.js";
+import { ConfigError, DispatchValidationError, Dispatcher, RegistryClient, connectNats, loadConfig, parseFlags, usageError } from "../protocol/index.js";
+
+const USAGE = `usage: npm run dispatch -- --to <user>[,<user>...] --text <text> [--lane <lane>]
+  appends one entry to each recipient's mailbox (NATS and the lanes from the environment: docs/config.md)`;
 
 async function main(): Promise<number> {
-  const { values } = parseArgs({
+  const { values } = parseFlags({
     options: { to: { type: "string" }, text: { type: "string" }, lane: { type: "string" } },
     strict: true,
-  });
-  if (values.to === undefined || values.text === undefined) {
-    console.error("usage: npm run dispatch -- --to <user>[,<user>...] --text <text> [--lane <lane>]");
-    return 64;
-  }
+  }, USAGE);
+  if (values.to === undefined || values.text === undefined) usageError("--to and --text are required", USAGE);
   const config = loadConfig(process.env, "tool");
   const nc = await connectNats(config, "jetgate-dispatch");
   const registry = await RegistryClient.open(nc);

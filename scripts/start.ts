@@ -14,11 +14,10 @@ import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { createConnection } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { parseArgs } from "node:util";
 import { fileURLToPath } from "node:url";
 import WebSocket from "ws";
 import { SignJWT } from "jose";
-import { Dispatcher, RegistryClient, connectNats, loadConfig, ConfigError, type Config } from "../protocol/index.js";
+import { Dispatcher, RegistryClient, connectNats, loadConfig, parseFlags, ConfigError, type Config } from "../protocol/index.js";
 import { initRegistry } from "../worker/registry-init.js";
 import { JetgateClient, type WebSocketFactory } from "../client/index.js";
 import { FileCursorStore } from "../client/node.js";
@@ -102,10 +101,16 @@ async function infrastructure(config: Config, dir: string): Promise<void> {
   }
 }
 
+const USAGE = `usage: npm start [-- --state-dir <dir>]
+  the whole stack on this machine: nats-server and redis-server (started when not reachable at
+  JETGATE_NATS_URL / JETGATE_REDIS_URL), one worker, one gateway and a demo device for user demo;
+  send it entries with: npm run dispatch -- --to demo --text hello. Settings: docs/config.md
+  --state-dir <dir>   where the demo device keeps its cursor (default .jetgate/ in the checkout)`;
+
 let stopping = false;
 
 async function main(): Promise<void> {
-  const { values } = parseArgs({ options: { "state-dir": { type: "string", default: join(ROOT, ".jetgate") } }, strict: true });
+  const { values } = parseFlags({ options: { "state-dir": { type: "string", default: join(ROOT, ".jetgate") } }, strict: true }, USAGE);
   const env: NodeJS.ProcessEnv = { JETGATE_LOG_LEVEL: "warn", JETGATE_DEMO_DIR: join(ROOT, "client", "demo"), ...process.env };
   const config = loadConfig(env);
   const dir = mkdtempSync(join(tmpdir(), "jetgate-start-"));

@@ -10,7 +10,7 @@
  *   jetgate worker                       run a worker process
  */
 import { parseArgs, type ParseArgsConfig } from "node:util";
-import { ConfigError, RegistryClient, connectNats, loadConfig, MAX_OFFSET } from "../protocol/index.js";
+import { ConfigError, RegistryClient, connectNats, loadConfig, wantsHelp, MAX_OFFSET } from "../protocol/index.js";
 import { initRegistry } from "./registry-init.js";
 import { runWorker } from "./main.js";
 import { OperationError, failover, rebuildShard, setupReplica, splitShardOp, takeoverShard, type OpsContext } from "./shard-ops.js";
@@ -23,7 +23,9 @@ const USAGE = `usage:
   jetgate shard rebuild <id>
   jetgate replica setup --to <nats-url> --source-api <prefix>
   jetgate failover --to <nats-url> [--epoch-margin N]
-  jetgate worker`;
+  jetgate worker
+  jetgate help | --help
+Settings come from the environment (docs/config.md); exit codes: 0 done, 2 refused, 64 bad usage.`;
 
 /** parseArgs, with its errors (unknown option, missing value) as usage errors. */
 function parse<T extends ParseArgsConfig>(config: T): ReturnType<typeof parseArgs<T>> {
@@ -45,8 +47,13 @@ function intFlag(name: string, v: string | undefined, fallback: number): number 
   return Number(v);
 }
 
+const OPERATIONS = ["shard takeover", "shard split", "shard rebuild", "replica setup"];
+
 async function operate(argv: string[], out: (line: string) => void): Promise<number> {
   const [group, command, ...rest] = argv;
+  // checked before connecting: a typo is a usage error even when NATS is away
+  const known = group === "failover" ? command === undefined || command.startsWith("-") : OPERATIONS.includes(`${group} ${command}`);
+  if (!known) throw new UsageError(`unknown command: ${argv.slice(0, 2).join(" ")}\n${USAGE}`);
   const { values, positionals } = parse({
     args: group === "shard" ? rest : [command ?? "", ...rest].filter((x) => x !== ""),
     options: {
@@ -88,13 +95,20 @@ export class UsageError extends Error {
 }
 
 export async function cli(argv: string[], out: (line: string) => void = console.log): Promise<number> {
+  if (wantsHelp(argv) || argv[0] === "help") {
+    out(USAGE);
+    return 0;
+  }
   const [group, command, ...rest] = argv;
   if (group === "worker") {
     await runWorker();
     return -1; // keeps running
   }
   if (group === "shard" || group === "replica" || group === "failover") return operate(argv, out);
-  if (group !== "registry" || (command !== "init" && command !== "show")) throw new UsageError(USAGE);
+  if (group !== "registry" || (command !== "init" && command !== "show")) {
+    throw new UsageError(`${group === undefined ? "which command?" : `unknown command: ${argv.slice(0, 2).join(" ")}`}
+${USAGE}`);
+  }
   const { values } = parse({
     args: rest,
     options: { shards: { type: "string" }, json: { type: "boolean", default: false } },

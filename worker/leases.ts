@@ -46,7 +46,7 @@ export class Leases {
    * ticking within that lease sees it, whichever re-created it. A worker whose own tick ran late
    * finds its entry expired but an old marker: that is not a loss of the worker set.
    */
-  async heartbeat(present = true): Promise<{ live: string[]; redisLost: boolean }> {
+  async heartbeat(present = true): Promise<{ live: string[]; redisLost: boolean; since: number }> {
     const now = Date.now();
     const key = this.keys.workers();
     // issued together: one auto-pipelined round trip, in order
@@ -60,7 +60,7 @@ export class Leases {
     ]);
     const since = Number(sinceValue);
     const lost = Number.isFinite(since) && now - since < this.leaseMs;
-    return { live: live.includes(this.owner) || !present ? live.sort() : [...live, this.owner].sort(), redisLost: lost };
+    return { live: live.includes(this.owner) || !present ? live.sort() : [...live, this.owner].sort(), redisLost: lost, since };
   }
 
   async leave(): Promise<void> {

@@ -81,8 +81,16 @@ export class Worker {
       // workers' shards (an epoch bump, replays to devices) before they re-take their own leases
       // on their next tick; one lease period gives every live worker that tick.
       this.settleUntil = Date.now() + this.opts.leaseMs;
-      this.deps.log.warn({ ms: this.opts.leaseMs }, "Redis lost the worker set: no new shards for one lease period");
+      // Said once per marker; a loss only to a worker that saw an older marker (a fresh Redis, or
+      // this worker's first beats, look the same and are no fault)
+      if (beat.since !== this.settleSince) {
+        const lost = this.seenSince !== undefined && this.seenSince !== beat.since;
+        if (lost) this.deps.log.warn({ ms: this.opts.leaseMs }, "Redis lost the worker set: no new shards for one lease period");
+        else this.deps.log.info({ ms: this.opts.leaseMs }, "a new worker set in Redis: no new shards for one lease period");
+        this.settleSince = beat.since;
+      }
     }
+    this.seenSince = beat.since;
     this.beats++;
     if (!natsOk) return this.withoutNats(beat.live);
     await this.renewAll();
@@ -137,6 +145,9 @@ export class Worker {
 
   private readonly stopping = new Set<Promise<void>>();
   private beats = 0;
+  /** The worker set's marker at this worker's last beat, and the one it last settled for. */
+  private seenSince: number | undefined;
+  private settleSince: number | undefined;
   private settleUntil = 0;
 
   private async run(shard: number): Promise<void> {

@@ -18,14 +18,19 @@
  * the devices. BENCH_SOURCE=1 runs jetgate from its sources instead of its build (the test suite).
  * With --json: one object per line per system, then a summary line of throughput ratios.
  */
-import { parseArgs } from "node:util";
+import { parseFlags, usageError } from "../../protocol/index.js";
 import { cpus } from "node:os";
 import { readFileSync } from "node:fs";
 import { execFileSync } from "node:child_process";
 import { LineProcess, SYSTEMS, startSystem, type System, type SystemName } from "./systems.js";
 import { merge, quantile, type Histogram } from "./entries.js";
 
-const { values, positionals } = parseArgs({
+const USAGE = `usage: npm run bench -- <fanout|idle|storm|catchup> [--devices N] [--seconds S] [--entries N]
+                   [--idle-seconds S] [--deadline-seconds S] [--systems ${SYSTEMS.join(",")}]
+                   [--nodes N] [--shards S] [--json]
+  jetgate beside the ceiling of its WebSocket layer, the floor of JetStream and Socket.IO (bench/README.md)`;
+
+const { values, positionals } = parseFlags({
   allowPositionals: true,
   options: {
     devices: { type: "string" },
@@ -38,14 +43,11 @@ const { values, positionals } = parseArgs({
     shards: { type: "string" },
     json: { type: "boolean", default: false },
   },
-});
+}, USAGE);
 const SCENARIOS = { fanout: 1000, idle: 15_000, storm: 10_000, catchup: 1 } as const;
 type Scenario = keyof typeof SCENARIOS;
 const scenario = positionals[0] as Scenario;
-if (!(scenario in SCENARIOS)) {
-  console.error(`usage: npm run bench -- <${Object.keys(SCENARIOS).join("|")}> [--devices N] [--seconds S] [--entries N] [--systems a,b] [--nodes N] [--shards S] [--json]`);
-  process.exit(64);
-}
+if (!(scenario in SCENARIOS)) usageError(scenario === undefined ? "which scenario?" : `unknown scenario ${scenario}`, USAGE);
 const devices = Number(values.devices ?? SCENARIOS[scenario]);
 const seconds = Number(values.seconds);
 const entries = Number(values.entries);

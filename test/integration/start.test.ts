@@ -44,4 +44,6 @@ test("npm start - the whole stack comes up, the demo device prints what npm run 
   const code = await new Promise<number | null>((r) => start.once("exit", r));
   assert.equal(code, 0, out.slice(-2000));
   assert.match(out, /\[start\] stopping/);
+  // a fresh Redis is no loss: the worker set is new, nothing was lost
+  assert.doesNotMatch(out, /lost the worker set/);
 });
