@@ -8,7 +8,7 @@
  * 2.09M numbers once held the device event loop for 4 s and grew the heap by 1 GB.
  */
 import { z } from "zod";
-import { MAX_ID_LENGTH, MAX_RECIPIENTS, idListSchema, idSchema } from "../protocol/index.js";
+import { ID_PATTERN, MAX_ID_LENGTH, MAX_LANE_LENGTH, MAX_RECIPIENTS, idListSchema, idSchema, type IdKind } from "../protocol/index.js";
 
 /** Field names, the three ids, punctuation and whitespace around them. */
 const FIXED_BYTES = 1024;
@@ -106,18 +106,25 @@ export class DispatchShapeGuard {
   }
 }
 
+/**
+ * The id rules as JSON Schema keywords: idProblem checks them in a refinement, which
+ * z.toJSONSchema cannot see, so the OpenAPI document (gateway/openapi.ts) gets them from here.
+ */
+const idJson = (kind: IdKind) => ({ type: "string", pattern: ID_PATTERN.source, minLength: 1, maxLength: kind === "lane" ? MAX_LANE_LENGTH : MAX_ID_LENGTH });
+
 export const DispatchBodySchema = z
   .strictObject({
-    dispatch_id: idSchema("dispatch"),
-    message_id: idSchema("message"),
-    lane: idSchema("lane"),
-    recipients: idListSchema("user", { min: 1, max: MAX_RECIPIENTS, noun: "recipient" }),
+    dispatch_id: idSchema("dispatch").meta({ ...idJson("dispatch"), description: "Unique per dispatch; retrying with the same id is safe (deduplicated)." }),
+    message_id: idSchema("message").meta({ ...idJson("message"), description: "The entry's id; devices dedup by it." }),
+    lane: idSchema("lane").meta({ ...idJson("lane"), description: "One of the gateway's JETGATE_LANES (400 naming `lane` otherwise)." }),
+    recipients: idListSchema("user", { min: 1, max: MAX_RECIPIENTS, noun: "recipient" }).meta({ items: idJson("user"), uniqueItems: true, description: "Distinct user ids." }),
     /** The entry body as UTF-8 text ... */
-    body: z.string().optional(),
+    body: z.string().meta({ description: "The entry body as UTF-8 text (at most JETGATE_MAX_BODY_BYTES bytes)." }).optional(),
     /** ... or as base64 bytes. */
-    body_b64: z.string().regex(/^[A-Za-z0-9+/]*={0,2}$/, "must be base64").optional(),
+    body_b64: z.string().regex(/^[A-Za-z0-9+/]*={0,2}$/, "must be base64").meta({ description: "The entry body as base64 bytes, instead of `body`." }).optional(),
   })
-  .refine((b) => (b.body === undefined) !== (b.body_b64 === undefined), { message: "give exactly one of body and body_b64" });
+  .refine((b) => (b.body === undefined) !== (b.body_b64 === undefined), { message: "give exactly one of body and body_b64" })
+  .meta({ oneOf: [{ required: ["body"] }, { required: ["body_b64"] }] });
 
 export interface ParsedDispatch {
   dispatch_id: string;
@@ -132,7 +139,46 @@ export const DispatchBatchSchema = z
   .refine((b) => b.dispatches.reduce((n, d) => n + d.recipients.length, 0) <= MAX_RECIPIENTS, {
     message: `at most ${MAX_RECIPIENTS} recipients in a batch, over all its dispatches`,
     path: ["dispatches"],
-  });
+  })
+  .meta({ description: `At most ${MAX_RECIPIENTS} recipients over all its dispatches; every dispatch is validated before any is appended.` });
+
+/*
+ * The answers, as the server sends them (server.ts builds its bodies with these types, and
+ * gateway/openapi.ts documents them from these schemas).
+ */
+const shard = z.number().int().nonnegative();
+export const DispatchResultSchema = z.union([
+  z.object({
+    user: z.string(),
+    shard,
+    seq: z.string().regex(/^\d+$/).meta({ description: "The mailbox_seq the device will see, in decimal (it passes 2^53)." }),
+    offset: z.number().int().nonnegative().meta({ description: "The entry's offset in its shard's stream." }),
+    duplicate: z.boolean().meta({ description: "The entry was already appended (a retried dispatch_id)." }),
+  }),
+  z.object({
+    user: z.string(),
+    shard,
+    error: z.object({ code: z.enum(["DISPATCH_TIMEOUT", "DISPATCH_REJECTED"]), message: z.string() }),
+  }),
+]);
+export const DispatchAnswerSchema = z.object({ results: z.array(DispatchResultSchema).meta({ description: "One per recipient, in request order." }) });
+export const DispatchBatchAnswerSchema = z.object({ dispatches: z.array(DispatchAnswerSchema).meta({ description: "One per dispatch, in request order." }) });
+/** 400, 401, 413, 500. */
+export const DispatchErrorSchema = z.object({
+  error: z.string().meta({ description: "`<field>: <reason>` for bad input" }),
+  field: z.string().optional().meta({ description: "The bad field's path (`recipients.3`, `dispatches.1.lane`); absent when the body as a whole is bad (not JSON, nested too deep)." }),
+});
+/** 503: NATS is down (with `code` and Retry-After), or the API is off (no JETGATE_SERVICE_TOKEN). */
+export const DispatchUnavailableSchema = z.object({ error: z.string(), code: z.literal("DISPATCH_UNAVAILABLE").optional() });
+
+export type DispatchResultJson = z.input<typeof DispatchResultSchema>;
+export type DispatchErrorJson = z.input<typeof DispatchErrorSchema>;
+/** Every body `POST /v1/dispatch` and `/v1/dispatch/batch` answer with. */
+export type DispatchAnswerJson =
+  | z.input<typeof DispatchAnswerSchema>
+  | z.input<typeof DispatchBatchAnswerSchema>
+  | DispatchErrorJson
+  | z.input<typeof DispatchUnavailableSchema>;
 
 export type DispatchParse = { ok: true; request: ParsedDispatch } | { ok: false; error: string; field?: string };
 export type DispatchBatchParse = { ok: true; requests: ParsedDispatch[] } | { ok: false; error: string; field?: string };

@@ -6,11 +6,12 @@
 import { randomBytes } from "node:crypto";
 import type { AddressInfo } from "node:net";
 import { pino } from "pino";
-import { jetstream } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
 import {
   CloseCode,
   DependencyHealth,
   Dispatcher,
+  answerStats,
   ingressMsgId,
   ingressSubject,
   RedisKeys,
@@ -89,7 +90,18 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       return p;
     },
   });
-  const server = await startServer(uws, config, ctx, dispatcher, () => health.problems());
+  const startedAt = Date.now();
+  const stats = answerStats(nc, async () => ({
+    kind: "gateway" as const,
+    id: gatewayId,
+    startedAt,
+    regressions: (await metrics.regressions.get()).values.reduce((n, v) => n + v.value, 0),
+    dependencies: { nats: health.answering("nats"), redis: health.answering("redis") },
+    connections: sessions.all.size,
+  }));
+  let jsm: Promise<JetStreamManager> | undefined;
+  const admin = { gatewayId, nc, jsm: () => (jsm ??= jetstreamManager(nc)), redis, keys, registry };
+  const server = await startServer(uws, config, ctx, dispatcher, () => health.problems(), admin);
   log.info({ port: server.port, opsPort: (ops.address() as AddressInfo).port, native }, "gateway listening");
 
   const shutdown = (signal: string) => {
@@ -111,6 +123,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       dispatcher.close();
       presence.stop();
       health.stop();
+      stats.unsubscribe();
       sessions.close();
       await registry.close().catch(() => undefined);
       await nc.drain().catch(() => undefined);

@@ -1,5 +1,5 @@
 /** Prometheus metrics of a gateway. */
-import { Counter, Gauge, Registry, collectDefaultMetrics } from "prom-client";
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
 
 export class GatewayMetrics {
   readonly registry = new Registry();
@@ -23,6 +23,7 @@ export class GatewayMetrics {
   readonly tailFills: Counter;
   readonly devicesEvicted: Counter;
   readonly registryRecord: Gauge;
+  readonly pushLatency: Histogram;
 
   constructor() {
     const registers = [this.registry];
@@ -48,6 +49,13 @@ export class GatewayMetrics {
     this.tailFills = c("jetgate_gateway_tail_fills_total", "Live sessions found behind their user's head by the periodic tail check (a lost last push), and filled.");
     this.devicesEvicted = c("jetgate_gateway_device_state_evicted_total", "Devices whose stored ACK state was dropped for a newer device of the same user (JETGATE_MAX_DEVICES_PER_USER).");
     this.registryRecord = new Gauge({ name: "jetgate_gateway_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });
+    // 1 ms .. 10 s; a push later than that is an outage, which the +Inf bucket still counts
+    this.pushLatency = new Histogram({
+      name: "jetgate_gateway_push_latency_seconds",
+      help: "Seconds from an entry's append (its ts) to this gateway receiving its live push, once per entry (not per device); clock skew below 0 counts as 0.",
+      buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      registers,
+    });
     this.regressions.inc({ component: "gateway" }, 0);
   }
 }

@@ -1,8 +1,8 @@
 /**
  * The uWS adapter: WebSocket sessions on `/v1/ws` and `POST /v1/dispatch` (and its batch form,
- * `/v1/dispatch/batch`) on the device port, and nothing else but the development demo page (health
- * and metrics have a listener of their own, protocol/io/ops-http.ts). The only file that touches
- * uWS objects.
+ * `/v1/dispatch/batch`) on the device port, its OpenAPI document at `GET /v1/openapi.json`, and
+ * nothing else but the development demo page (health and metrics have a listener of their own,
+ * protocol/io/ops-http.ts). The only file that touches uWS objects.
  *
  * uWS rules kept here: an incoming ArrayBuffer is copied before anything else (uWS neuters it
  * when the handler returns); a socket is never touched after its close event; an HTTP response
@@ -20,7 +20,10 @@ import {
   type DispatchResult,
   type Dispatcher,
 } from "../protocol/index.js";
-import { BATCH_SHAPE, DispatchShapeGuard, SINGLE_SHAPE, maxDispatchBodyBytes, parseDispatchBatch, parseDispatchBody, type ParsedDispatch } from "./dispatch-body.js";
+import { BATCH_SHAPE, DispatchShapeGuard, SINGLE_SHAPE, maxDispatchBodyBytes, parseDispatchBatch, parseDispatchBody, type DispatchAnswerJson, type DispatchErrorJson, type DispatchResultJson, type ParsedDispatch } from "./dispatch-body.js";
+import { openApiJson } from "./openapi.js";
+import { bearerMatches } from "./bearer.js";
+import { serveAdmin, type AdminSource } from "./admin.js";
 import type { SessionPorts, Transport } from "./ports.js";
 import { Session } from "./session.js";
 
@@ -46,6 +49,8 @@ export function startServer(
   dispatcher: Dispatcher,
   /** Dependencies not answering now: new devices are turned away (503) to try another gateway. */
   unavailable: () => string[] = () => [],
+  /** The operator console's sources (gateway/admin.ts); its routes answer 404 without JETGATE_ADMIN_TOKEN. */
+  admin?: AdminSource,
 ): Promise<GatewayServer> {
   const app = uws.App();
   let upgrades = true;
@@ -126,7 +131,11 @@ export function startServer(
       handleDispatch(res, { auth, declared, maxBody: maxDispatchBody, batch }, config, ctx, dispatcher);
     });
   }
+  // public (no token): it says nothing about this deployment; serialized once, not per request
+  const openapi = openApiJson();
+  app.get("/v1/openapi.json", (res) => void res.writeHeader("content-type", "application/json").end(openapi));
   if (config.JETGATE_DEMO_DIR !== undefined && config.JETGATE_ENV === "development") serveDemo(app, config, config.JETGATE_DEMO_DIR);
+  if (admin !== undefined) serveAdmin(app, config, admin);
   app.any("/*", (res) => void res.writeStatus("404 Not Found").end("not found\n"));
 
   return new Promise((resolve, reject) => {
@@ -182,7 +191,7 @@ function serveDemo(app: Uws.TemplatedApp, config: Config, dir: string): void {
   });
 }
 
-function reply(res: Uws.HttpResponse, aborted: () => boolean, status: string, body: unknown, headers: Record<string, string> = {}): void {
+function reply(res: Uws.HttpResponse, aborted: () => boolean, status: string, body: DispatchAnswerJson, headers: Record<string, string> = {}): void {
   if (aborted()) return;
   res.cork(() => {
     res.writeStatus(status).writeHeader("content-type", "application/json");
@@ -191,10 +200,10 @@ function reply(res: Uws.HttpResponse, aborted: () => boolean, status: string, bo
   });
 }
 
-/** A dispatch's HTTP answer. */
+/** A dispatch's HTTP answer; its body is one of the shapes docs/openapi.json documents. */
 interface Answer {
   status: string;
-  body: unknown;
+  body: DispatchAnswerJson;
   headers?: Record<string, string>;
 }
 
@@ -207,7 +216,7 @@ function handleDispatch(
 ): void {
   let aborted = false;
   res.onAborted(() => (aborted = true));
-  const done = (status: string, body: unknown, headers?: Record<string, string>) => {
+  const done = (status: string, body: DispatchAnswerJson, headers?: Record<string, string>) => {
     ctx.metrics.dispatchRequests.inc({ status: status.slice(0, 3) });
     reply(res, () => aborted, status, body, headers);
   };
@@ -216,11 +225,11 @@ function handleDispatch(
     done("503 Service Unavailable", { error: "the dispatch API is disabled: set JETGATE_SERVICE_TOKEN" });
     return;
   }
-  if (!constantTimeEqual(req.auth, `Bearer ${token}`)) {
+  if (!bearerMatches(req.auth, token)) {
     done("401 Unauthorized", { error: "missing or wrong bearer token" });
     return;
   }
-  const tooLarge = { error: `request body over ${req.maxBody} bytes, the largest valid dispatch (docs/security.md)` };
+  const tooLarge: DispatchErrorJson = { error: `request body over ${req.maxBody} bytes, the largest valid dispatch (docs/security.md)` };
   if (req.declared !== "" && Number(req.declared) > req.maxBody) {
     done("413 Payload Too Large", tooLarge);
     return;
@@ -231,7 +240,7 @@ function handleDispatch(
   const chunks: Buffer[] = [];
   let size = 0;
   let answered = false;
-  const refuse = (status: string, body: unknown) => {
+  const refuse = (status: string, body: DispatchErrorJson) => {
     answered = true;
     chunks.length = 0;
     done(status, body);
@@ -284,12 +293,12 @@ const parseTurns = {
 };
 
 /** `seq` is the mailbox_seq the device sees, as a decimal string (it passes 2^53 at epoch 32); `offset` the stream offset. */
-function resultsJson(results: DispatchResult[]): unknown[] {
+function resultsJson(results: DispatchResult[]): DispatchResultJson[] {
   return results.map((r) => ("error" in r ? r : { user: r.user, shard: r.shard, seq: r.seq.toString(), offset: r.offset, duplicate: r.duplicate }));
 }
 
 /** 200 when every recipient's entry was appended; 502 with each recipient's result when some failed. */
-function resultsAnswer(all: DispatchResult[][], body: object): Answer {
+function resultsAnswer(all: DispatchResult[][], body: Answer["body"]): Answer {
   return { status: all.some((results) => results.some((r) => "error" in r)) ? "502 Bad Gateway" : "200 OK", body };
 }
 
@@ -300,7 +309,7 @@ function resultsAnswer(all: DispatchResult[][], body: object): Answer {
 function refused(err: unknown): Answer {
   if (err instanceof DispatchValidationError) return { status: "400 Bad Request", body: { error: err.message, field: err.field } };
   if (err instanceof DispatchUnavailableError) {
-    return { status: "503 Service Unavailable", body: { error: err.message, code: err.code }, headers: { "retry-after": String(Math.ceil(err.retryAfterMs / 1000)) } };
+    return { status: "503 Service Unavailable", body: { error: err.message, code: "DISPATCH_UNAVAILABLE" }, headers: { "retry-after": String(Math.ceil(err.retryAfterMs / 1000)) } };
   }
   throw err;
 }
@@ -324,10 +333,3 @@ async function dispatchBatch(requests: ParsedDispatch[], dispatcher: Dispatcher)
   }
 }
 
-function constantTimeEqual(a: string, b: string): boolean {
-  const x = Buffer.from(a);
-  const y = Buffer.from(b);
-  let diff = x.length ^ y.length;
-  for (let i = 0; i < Math.max(x.length, y.length); i++) diff |= (x[i % Math.max(1, x.length)] ?? 0) ^ (y[i % Math.max(1, y.length)] ?? 0);
-  return diff === 0;
-}

@@ -115,6 +115,8 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
       this.metrics.stalePushes.inc();
       return;
     }
+    // once per entry here, before the fan-out to this user's devices; ts is the dispatcher's clock
+    this.metrics.pushLatency.observe(Math.max(0, Date.now() - push.entry.ts) / 1000);
     for (const s of u.sessions) s.onPush(push);
   }
 

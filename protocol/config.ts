@@ -187,6 +187,8 @@ export const envSchema = z.object({
   JETGATE_JWT_MAX_LIFETIME_S: int(60, 366 * 86400, 86400),
   JETGATE_CURSOR_KEYS: keyList,
   JETGATE_SERVICE_TOKEN: optionalStr,
+  /** Turns the operator console on (`/admin/`, read-only) and is the bearer token it needs. */
+  JETGATE_ADMIN_TOKEN: optionalStr.pipe(z.string().min(16, "must be at least 16 characters").optional()),
   JETGATE_AUTH_TIMEOUT_MS: int(100, 120_000, 5000),
   JETGATE_HEARTBEAT_MS: int(1000, 600_000, 25_000),
   JETGATE_IDLE_TIMEOUT_S: int(8, 960, 60),

@@ -26,4 +26,5 @@ export * from "./layout.js";
 export * from "./io/process.js";
 export * from "./io/ops-http.js";
 export * from "./io/health.js";
+export * from "./io/ops-stats.js";
 export * from "./cli-args.js";

@@ -7,6 +7,7 @@ import type { AddressInfo } from "node:net";
 import { pino } from "pino";
 import {
   DependencyHealth,
+  answerStats,
   RedisKeys,
   RegistryClient,
   connectNats,
@@ -47,6 +48,15 @@ export async function runWorker(env: Record<string, string | undefined> = proces
       return p;
     },
   });
+  const startedAt = Date.now();
+  const stats = answerStats(nc, async () => ({
+    kind: "worker" as const,
+    id: workerId,
+    startedAt,
+    regressions: (await metrics.regressions.get()).values.reduce((n, v) => n + v.value, 0),
+    dependencies: { nats: health.answering("nats"), redis: health.answering("redis") },
+    shards: worker.owned().map((s) => ({ shard: s.shard, offset: s.offset, ...(s.epoch !== undefined ? { epoch: s.epoch } : {}), ...(s.lag !== undefined ? { lag: s.lag } : {}) })),
+  }));
   log.info({ port: (http.address() as AddressInfo).port }, "worker http listening");
   worker.start();
 
@@ -55,6 +65,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
     void (async () => {
       await worker.stop();
       health.stop();
+      stats.unsubscribe();
       await registry.close().catch(() => undefined);
       await nc.drain().catch(() => undefined);
       redis.disconnect();

@@ -129,6 +129,11 @@ export class ShardRunner {
     return this.stateValue;
   }
 
+  /** The last log offset this runner has done. */
+  get offset(): number {
+    return this.lastOffset;
+  }
+
   /** The epoch this runner works under, once running. */
   get epoch(): number | undefined {
     return this.stateValue.type === "running" ? this.stateValue.epoch : undefined;

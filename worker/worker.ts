@@ -44,10 +44,12 @@ export class Worker {
     return this.statusValue;
   }
 
-  /** Shards this worker is running now, with their epochs. */
-  owned(): { shard: number; epoch: number | undefined }[] {
-    return [...this.runners.values()].map((r) => ({ shard: r.shard, epoch: r.epoch }));
+  /** Shards this worker is running now, with their epochs, last offsets and lag (as last read). */
+  owned(): { shard: number; epoch: number | undefined; offset: number; lag: number | undefined }[] {
+    return [...this.runners.values()].map((r) => ({ shard: r.shard, epoch: r.epoch, offset: r.offset, lag: this.lags.get(r.shard) }));
   }
+
+  private readonly lags = new Map<number, number>();
 
   get log(): Logger {
     return this.deps.log;
@@ -200,7 +202,10 @@ export class Worker {
   private async observe(): Promise<void> {
     for (const r of this.runners.values()) {
       const lag = await r.lag(this.jsm!).catch(() => undefined);
-      if (lag !== undefined) this.deps.metrics.lag.set({ shard: String(r.shard) }, lag);
+      if (lag !== undefined) {
+        this.deps.metrics.lag.set({ shard: String(r.shard) }, lag);
+        this.lags.set(r.shard, lag);
+      }
     }
   }
 

@@ -5,11 +5,18 @@
  */
 import { createServer, type Server } from "node:http";
 import type { Registry } from "prom-client";
+import { z } from "zod";
 
 export interface Readiness {
   /** Names of what is not ready; empty when ready. */
   problems(): string[];
 }
+
+/** The /readyz answer (documented in docs/openapi.json from this schema). */
+export const ReadyzSchema = z.object({
+  ready: z.boolean(),
+  problems: z.array(z.string()).meta({ description: "What is not ready: nats, redis, registry, draining (empty when ready)." }),
+});
 
 export function startOpsHttp(port: number, host: string, metrics: Registry, readiness: Readiness): Promise<Server> {
   const server = createServer((req, res) => {
@@ -22,9 +29,10 @@ export function startOpsHttp(port: number, host: string, metrics: Registry, read
       res.writeHead(200, { "content-type": "text/plain" }).end("ok\n");
     } else if (path === "/readyz") {
       const problems = readiness.problems();
+      const body: z.input<typeof ReadyzSchema> = { ready: problems.length === 0, problems };
       res
         .writeHead(problems.length === 0 ? 200 : 503, { "content-type": "application/json" })
-        .end(JSON.stringify({ ready: problems.length === 0, problems }) + "\n");
+        .end(JSON.stringify(body) + "\n");
     } else if (path === "/metrics") {
       metrics.metrics().then(
         (text) => res.writeHead(200, { "content-type": metrics.contentType }).end(text),
