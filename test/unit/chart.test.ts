@@ -24,21 +24,6 @@ test("chart - values.schema.json is what the config schema generates (npm run ch
   assert.deepEqual(Object.keys(schema.properties.config.properties).sort(), [...ENV_VARS].sort());
 });
 
-test("chart - Go-template delimiters balance in every template", () => {
-  assert.ok(templates.length >= 12, `${templates.length} templates`);
-  for (const t of templates) {
-    const open = t.text.match(/\{\{/g)?.length ?? 0;
-    const close = t.text.match(/\}\}/g)?.length ?? 0;
-    assert.equal(open, close, `${t.name}: ${open} {{ against ${close} }}`);
-    // every action opened on a line is closed on it (no action spans lines in this chart)
-    for (const [i, line] of t.text.split("\n").entries()) {
-      const o = line.match(/\{\{/g)?.length ?? 0;
-      const c = line.match(/\}\}/g)?.length ?? 0;
-      assert.equal(o, c, `${t.name}:${i + 1}: ${line.trim()}`);
-    }
-  }
-});
-
 test("chart - every env var the templates set is a setting the config schema knows", () => {
   const known = new Set<string>(ENV_VARS);
   const used = new Set<string>();
