@@ -90,15 +90,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       return p;
     },
   });
-  const startedAt = Date.now();
-  const stats = answerStats(nc, async () => ({
-    kind: "gateway" as const,
-    id: gatewayId,
-    startedAt,
-    regressions: (await metrics.regressions.get()).values.reduce((n, v) => n + v.value, 0),
-    dependencies: { nats: health.answering("nats"), redis: health.answering("redis") },
-    connections: sessions.all.size,
-  }));
+  const stats = answerStats(nc, { kind: "gateway", id: gatewayId, regressions: metrics.regressions, health, extra: () => ({ connections: sessions.all.size }) });
   let jsm: Promise<JetStreamManager> | undefined;
   const admin = { gatewayId, nc, jsm: () => (jsm ??= jetstreamManager(nc)), redis, keys, registry };
   const server = await startServer(uws, config, ctx, dispatcher, () => health.problems(), admin);

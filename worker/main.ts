@@ -48,15 +48,10 @@ export async function runWorker(env: Record<string, string | undefined> = proces
       return p;
     },
   });
-  const startedAt = Date.now();
-  const stats = answerStats(nc, async () => ({
-    kind: "worker" as const,
-    id: workerId,
-    startedAt,
-    regressions: (await metrics.regressions.get()).values.reduce((n, v) => n + v.value, 0),
-    dependencies: { nats: health.answering("nats"), redis: health.answering("redis") },
-    shards: worker.owned().map((s) => ({ shard: s.shard, offset: s.offset, ...(s.epoch !== undefined ? { epoch: s.epoch } : {}), ...(s.lag !== undefined ? { lag: s.lag } : {}) })),
-  }));
+  const stats = answerStats(nc, {
+    kind: "worker", id: workerId, regressions: metrics.regressions, health,
+    extra: () => ({ shards: worker.owned().map((s) => ({ shard: s.shard, offset: s.offset, ...(s.epoch !== undefined ? { epoch: s.epoch } : {}), ...(s.lag !== undefined ? { lag: s.lag } : {}) })) }),
+  });
   log.info({ port: (http.address() as AddressInfo).port }, "worker http listening");
   worker.start();
 

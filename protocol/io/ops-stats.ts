@@ -5,6 +5,7 @@
  */
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import { z } from "zod";
+import type { DependencyHealth } from "./health.js";
 
 export const OPS_STATS_SUBJECT = "jetgate.ops.stats";
 
@@ -24,12 +25,31 @@ export const ProcessStatsSchema = z.object({
 });
 export type ProcessStats = z.output<typeof ProcessStatsSchema>;
 
-/** Answers every stats request with what `stats` says now. */
-export function answerStats(nc: NatsConnection, stats: () => ProcessStats | Promise<ProcessStats>): Subscription {
+export interface StatsSource {
+  kind: ProcessStats["kind"];
+  id: string;
+  /** The process's jetgate_mailbox_seq_regression_total (a prom-client counter). */
+  regressions: { get(): Promise<{ values: { value: number }[] }> };
+  health: Pick<DependencyHealth, "answering">;
+  /** What only this kind of process says. */
+  extra: () => Pick<ProcessStats, "connections" | "shards">;
+}
+
+/** Answers every stats request with what the process says now. */
+export function answerStats(nc: NatsConnection, src: StatsSource): Subscription {
+  const startedAt = Date.now();
+  const stats = async (): Promise<ProcessStats> => ({
+    kind: src.kind,
+    id: src.id,
+    startedAt,
+    regressions: (await src.regressions.get()).values.reduce((n, v) => n + v.value, 0),
+    dependencies: { nats: src.health.answering("nats"), redis: src.health.answering("redis") },
+    ...src.extra(),
+  });
   return nc.subscribe(OPS_STATS_SUBJECT, {
     callback: (err, msg) => {
       if (err !== null) return;
-      void Promise.resolve(stats()).then(
+      stats().then(
         (s) => msg.respond(JSON.stringify(s)),
         () => undefined,
       );

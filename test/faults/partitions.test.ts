@@ -9,7 +9,7 @@ import { spawnSync } from "node:child_process";
 import { request } from "node:http";
 import { fileURLToPath } from "node:url";
 import assert from "node:assert/strict";
-import { scenarioOnInfra, type FaultRun, type HostPlacement } from "../harness/faults.js";
+import { scenarioOnInfra, type FaultRun, type HostPlacement, type ScenarioOptions, type ScenarioResult } from "../harness/faults.js";
 import { NetHost, requireNetns } from "../harness/netns.js";
 import { PushCollector, type Infra, type JetgateProcess } from "../harness/stack.js";
 import { sleep, waitFor } from "../harness/wait.js";
@@ -47,6 +47,20 @@ function upgrade(host: string, port: number): Promise<{ status: number; body: st
   });
 }
 
+/** A fault-suite scenario with one process on a host of its own (`hosts` in what `build` returns). */
+async function onHost(links: ["nats", "redis", string], build: (infra: Infra, h: { host: NetHost; place: HostPlacement }) => ScenarioOptions): Promise<ScenarioResult> {
+  let host: NetHost | undefined;
+  try {
+    return await scenarioOnInfra((infra) => {
+      const h = hostFor(infra, links);
+      host = h.host;
+      return build(infra, h);
+    }, infraOpts);
+  } finally {
+    host?.dispose();
+  }
+}
+
 async function ready(p: JetgateProcess): Promise<{ ready: boolean; problems: string[] }> {
   const r = await p.http("/readyz");
   return JSON.parse(r.text) as { ready: boolean; problems: string[] };
@@ -76,41 +90,32 @@ test("partition - without CAP_NET_ADMIN the check fails with an error naming it 
 });
 
 test("partition - a gateway cut off from NATS and Redis for 10 s, its devices still connected: all arrives after, 0 regressions", async () => {
-  let host: NetHost | undefined;
-  try {
-    await scenarioOnInfra((infra) => {
-      const h = hostFor(infra, ["nats", "redis", "devices"]);
-      host = h.host;
-      return {
-        name: "gateway cut from NATS+Redis",
-        env: infra.env,
-        duplicates: "none",
-        hosts: { gateways: [h.place] },
-        fault: async (run) => {
-          const gw = run.gateways[0]!;
-          const before = await gw.metric("jetgate_gateway_connections");
-          assert.ok(before > 0, "the cut gateway has devices");
-          h.host.cut("nats");
-          h.host.cut("redis");
-          const t0 = Date.now();
-          await waitFor("the cut gateway not ready, naming both", async () => (await ready(gw)).problems.join() === "nats,redis", { timeoutMs: 8000, intervalMs: 100 });
-          const notReadyAfter = Date.now() - t0;
-          await sleep(CUT_MS - (Date.now() - t0));
-          // a new device is turned away, naming why, to try another gateway
-          assert.deepEqual(await upgrade(h.place.host, gw.httpPort), { status: 503, body: "dependency not answering: nats, redis" });
-          const during = await gw.metric("jetgate_gateway_connections");
-          const refused = await gw.metric("jetgate_gateway_refused_upgrades_total", { reason: "dependency" });
-          h.host.heal("nats");
-          h.host.heal("redis");
-          await waitFor("the gateway ready again", async () => (await ready(gw)).ready, { timeoutMs: 15_000, intervalMs: 100 });
-          console.log(`  cut gateway: not ready ${notReadyAfter} ms after the cut; ${before} devices before, ${during} still connected at its end; ${refused} new devices turned away (503); ready ${Date.now() - t0 - CUT_MS} ms after the heal`);
-          assert.ok(during > 0, "devices stay connected to the cut gateway");
-        },
-      };
-    }, infraOpts);
-  } finally {
-    host?.dispose();
-  }
+  await onHost(["nats", "redis", "devices"], (infra, h) => ({
+    name: "gateway cut from NATS+Redis",
+    env: infra.env,
+    duplicates: "none",
+    hosts: { gateways: [h.place] },
+    fault: async (run) => {
+      const gw = run.gateways[0]!;
+      const before = await gw.metric("jetgate_gateway_connections");
+      assert.ok(before > 0, "the cut gateway has devices");
+      h.host.cut("nats");
+      h.host.cut("redis");
+      const t0 = Date.now();
+      await waitFor("the cut gateway not ready, naming both", async () => (await ready(gw)).problems.join() === "nats,redis", { timeoutMs: 8000, intervalMs: 100 });
+      const notReadyAfter = Date.now() - t0;
+      await sleep(CUT_MS - (Date.now() - t0));
+      // a new device is turned away, naming why, to try another gateway
+      assert.deepEqual(await upgrade(h.place.host, gw.httpPort), { status: 503, body: "dependency not answering: nats, redis" });
+      const during = await gw.metric("jetgate_gateway_connections");
+      const refused = await gw.metric("jetgate_gateway_refused_upgrades_total", { reason: "dependency" });
+      h.host.heal("nats");
+      h.host.heal("redis");
+      await waitFor("the gateway ready again", async () => (await ready(gw)).ready, { timeoutMs: 15_000, intervalMs: 100 });
+      console.log(`  cut gateway: not ready ${notReadyAfter} ms after the cut; ${before} devices before, ${during} still connected at its end; ${refused} new devices turned away (503); ready ${Date.now() - t0 - CUT_MS} ms after the heal`);
+      assert.ok(during > 0, "devices stay connected to the cut gateway");
+    },
+  }));
 });
 
 /**
@@ -140,42 +145,28 @@ async function leaseMoves(run: FaultRun, cut: () => void, heal: () => void, labe
 }
 
 test("partition - a worker cut off from NATS (Redis still reached): it lets its leases go, the other worker takes over, fencing holds", async () => {
-  let host: NetHost | undefined;
-  try {
-    await scenarioOnInfra((infra) => {
-      const h = hostFor(infra, ["nats", "redis", "ops"]);
-      host = h.host;
-      return {
-        name: "worker cut from NATS",
-        env: infra.env,
-        duplicates: "allowed", // the takeover's epoch replays what the cut worker had not acked
-        hosts: { workers: [h.place] },
-        fault: (run) => leaseMoves(run, () => h.host.cut("nats"), () => h.host.heal("nats"), "worker cut from NATS"),
-      };
-    }, infraOpts);
-  } finally {
-    host?.dispose();
-  }
+  await onHost(["nats", "redis", "ops"], (infra, h) => ({
+    name: "worker cut from NATS",
+    env: infra.env,
+    duplicates: "allowed", // the takeover's epoch replays what the cut worker had not acked
+    hosts: { workers: [h.place] },
+    fault: (run) => leaseMoves(run, () => h.host.cut("nats"), () => h.host.heal("nats"), "worker cut from NATS"),
+  }));
 });
 
 test("partition - a worker cut off from Redis (NATS still reached): its lease expires, the takeover fences it, no push of an older epoch after a newer one", async () => {
-  let host: NetHost | undefined;
   let collector: PushCollector | undefined;
   try {
-    await scenarioOnInfra((infra) => {
-      const h = hostFor(infra, ["nats", "redis", "ops"]);
-      host = h.host;
-      return {
-        name: "worker cut from Redis",
-        env: infra.env,
-        duplicates: "allowed",
-        hosts: { workers: [h.place] },
-        prepare: async () => {
-          collector = await PushCollector.start(infra.nats.url);
-        },
-        fault: (run) => leaseMoves(run, () => h.host.cut("redis"), () => h.host.heal("redis"), "worker cut from Redis"),
-      };
-    }, infraOpts);
+    await onHost(["nats", "redis", "ops"], (infra, h) => ({
+      name: "worker cut from Redis",
+      env: infra.env,
+      duplicates: "allowed",
+      hosts: { workers: [h.place] },
+      prepare: async () => {
+        collector = await PushCollector.start(infra.nats.url);
+      },
+      fault: (run) => leaseMoves(run, () => h.host.cut("redis"), () => h.host.heal("redis"), "worker cut from Redis"),
+    }));
     // a push of an older epoch after one of a newer epoch of the same shard: two owners at once
     const newest = new Map<number, number>();
     let late = 0;
@@ -186,37 +177,27 @@ test("partition - a worker cut off from Redis (NATS still reached): its lease ex
     assert.equal(late, 0, "pushes of an older epoch after a newer one");
   } finally {
     await collector?.close();
-    host?.dispose();
   }
 });
 
 test("partition - a gateway cut off from its devices only: they notice by heartbeat and resume on the other gateway with their cursors", async () => {
-  let host: NetHost | undefined;
-  try {
-    await scenarioOnInfra((infra) => {
-      const h = hostFor(infra, ["nats", "redis", "devices"]);
-      host = h.host;
-      return {
-        name: "gateway cut from devices",
-        env: { ...infra.env, JETGATE_HEARTBEAT_MS: "1000" },
-        duplicates: "none",
-        hosts: { gateways: [h.place] },
-        fault: async (run) => {
-          const other = run.gateways[1]!;
-          const total = run.devices.length;
-          const resumedBefore = await other.metric("jetgate_gateway_auth_outcomes_total", { case: "normal" });
-          const t0 = Date.now();
-          h.host.cut("devices");
-          await waitFor("every device on the other gateway", async () => (await other.metric("jetgate_gateway_connections")) === total, { timeoutMs: 30_000, intervalMs: 200 });
-          const movedMs = Date.now() - t0;
-          const resumed = (await other.metric("jetgate_gateway_auth_outcomes_total", { case: "normal" })) - resumedBefore;
-          h.host.heal("devices");
-          console.log(`  gateway cut from devices: all ${total} devices on the other gateway ${movedMs} ms after the cut (heartbeat 1 s: silence noticed after 7 s); ${resumed} resumed with their cursor`);
-          assert.ok(resumed > 0, "devices resumed with their cursors");
-        },
-      };
-    }, infraOpts);
-  } finally {
-    host?.dispose();
-  }
+  await onHost(["nats", "redis", "devices"], (infra, h) => ({
+    name: "gateway cut from devices",
+    env: { ...infra.env, JETGATE_HEARTBEAT_MS: "1000" },
+    duplicates: "none",
+    hosts: { gateways: [h.place] },
+    fault: async (run) => {
+      const other = run.gateways[1]!;
+      const total = run.devices.length;
+      const resumedBefore = await other.metric("jetgate_gateway_auth_outcomes_total", { case: "normal" });
+      const t0 = Date.now();
+      h.host.cut("devices");
+      await waitFor("every device on the other gateway", async () => (await other.metric("jetgate_gateway_connections")) === total, { timeoutMs: 30_000, intervalMs: 200 });
+      const movedMs = Date.now() - t0;
+      const resumed = (await other.metric("jetgate_gateway_auth_outcomes_total", { case: "normal" })) - resumedBefore;
+      h.host.heal("devices");
+      console.log(`  gateway cut from devices: all ${total} devices on the other gateway ${movedMs} ms after the cut (heartbeat 1 s: silence noticed after 7 s); ${resumed} resumed with their cursor`);
+      assert.ok(resumed > 0, "devices resumed with their cursors");
+    },
+  }));
 });
