@@ -352,6 +352,8 @@ test("chart render - values-ha.yaml: autoscaled gateways, 3 workers, budgets, in
   assert.ok(worker.spec!.replicas! >= 2);
   const job = ofKind<IJob>(objs, "Job")[0]!;
   assert.equal(job.spec!.template.spec!.containers[0]!.env!.find((e) => e.name === "JETGATE_STREAM_REPLICAS")?.value, "3");
+  // NATS credentials in the operator's Secret reach the init Job too
+  assert.ok(job.spec!.template.spec!.containers[0]!.envFrom!.some((f) => f.secretRef?.name === "jetgate"), "the init Job reads secrets.existingSecret");
   // .Files.Get: the dashboard ConfigMap carries the chart's file as it is
   const dash = ofKind<IConfigMap>(objs, "ConfigMap").find((m) => m.data?.["jetgate.json"] !== undefined);
   assert.ok(dash, "the Grafana dashboard ConfigMap");
