@@ -12,7 +12,7 @@ import {
   MAX_EPOCH,
   MAX_OFFSET,
   ProcessStatsSchema,
-  ShardStateSchema,
+  bigintsAsStrings,
   collectStats,
   shardStream,
   type Config,
@@ -77,7 +77,7 @@ export async function adminState(src: AdminSource): Promise<AdminState> {
     gateway: src.gatewayId,
     limits: { maxEpoch: MAX_EPOCH, maxOffset: MAX_OFFSET.toString() },
     // the registry's own JSON form: seqs as decimal strings
-    registry: { record: src.registry.state.seq, shards: shards.map((s) => JSON.parse(JSON.stringify(ShardStateSchema.parse(s), (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v))) as unknown) },
+    registry: { record: src.registry.state.seq, shards: JSON.parse(JSON.stringify(shards, bigintsAsStrings)) as unknown[] },
     streams,
     leases: Object.fromEntries(shards.map((s, i) => [String(s.shard), holders[i] ?? null])),
     processes,

@@ -93,8 +93,13 @@ export const RegistryRecordSchema = z.object({
 });
 export type RegistryRecord = z.output<typeof RegistryRecordSchema>;
 
+/** JSON.stringify's replacer for seqs: bigints as decimal strings, the registry's JSON form. */
+export function bigintsAsStrings(_key: string, v: unknown): unknown {
+  return typeof v === "bigint" ? v.toString() : v;
+}
+
 export function encodeRecord(record: RegistryRecord): Uint8Array {
-  return new TextEncoder().encode(JSON.stringify(record, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v)));
+  return new TextEncoder().encode(JSON.stringify(record, bigintsAsStrings));
 }
 
 export function decodeRecord(bytes: Uint8Array): RegistryRecord {

@@ -10,7 +10,7 @@
  *   jetgate worker                       run a worker process
  */
 import { parseArgs, type ParseArgsConfig } from "node:util";
-import { ConfigError, RegistryClient, connectNats, loadConfig, wantsHelp, MAX_OFFSET } from "../protocol/index.js";
+import { ConfigError, RegistryClient, bigintsAsStrings, connectNats, loadConfig, wantsHelp, MAX_OFFSET } from "../protocol/index.js";
 import { initRegistry } from "./registry-init.js";
 import { runWorker } from "./main.js";
 import { OperationError, failover, rebuildShard, setupReplica, splitShardOp, takeoverShard, type OpsContext } from "./shard-ops.js";
@@ -132,7 +132,7 @@ ${USAGE}`);
     try {
       const shards = [...registry.state.shards.values()].sort((a, b) => a.shard - b.shard);
       if (values.json) {
-        out(JSON.stringify({ seq: registry.state.seq, shards }, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v), 2));
+        out(JSON.stringify({ seq: registry.state.seq, shards }, bigintsAsStrings, 2));
         return 0;
       }
       out(`registry at record ${registry.state.seq}: ${shards.length} shards`);

@@ -37,7 +37,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
   const health = new DependencyHealth(nc, redis, { timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, log, metrics: { registry: metrics.registry, prefix: "jetgate_worker_" } }).start();
   const worker = new Worker(
     { nc, redis, keys: new RedisKeys(config.JETGATE_REDIS_PREFIX), registry, metrics, log, workerId, config },
-    { leaseMs: config.JETGATE_LEASE_MS, natsTimeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, nats: { answering: () => health.answering("nats"), silentMs: () => health.silentMs("nats") } },
+    { leaseMs: config.JETGATE_LEASE_MS, nats: { answering: () => health.answering("nats"), silentMs: () => health.silentMs("nats"), timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS } },
   );
   const http = await startOpsHttp(config.JETGATE_WORKER_HTTP_PORT, config.JETGATE_METRICS_HOST, metrics.registry, {
     problems: () => {

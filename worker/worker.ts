@@ -12,10 +12,11 @@ import { ShardRunner, type RunnerDeps } from "./shard-runner.js";
 
 export interface WorkerOptions {
   leaseMs: number;
-  /** Whether NATS answers probes (protocol/io/health.ts); without it NATS is taken as answering. */
-  nats?: { answering(): boolean; silentMs(): number };
-  /** JETGATE_DEPENDENCY_TIMEOUT_MS: NATS silent this long is not answering. */
-  natsTimeoutMs: number;
+  /**
+   * Whether NATS answers probes (protocol/io/health.ts), and after how long silent it does not
+   * (JETGATE_DEPENDENCY_TIMEOUT_MS); without it NATS is taken as answering.
+   */
+  nats?: { answering(): boolean; silentMs(): number; timeoutMs: number };
 }
 
 export type WorkerStatus = { type: "idle" } | { type: "running" } | { type: "stopping" } | { type: "stopped" };
@@ -126,8 +127,9 @@ export class Worker {
     const others = live.filter((w) => w !== this.deps.workerId);
     // two lease periods past noticing: a worker that lost NATS too (NATS itself stopped) has left
     // the set by then, so shards go only to a worker that can run them
-    if (this.runners.size > 0 && others.length > 0 && (this.opts.nats?.silentMs() ?? 0) > this.opts.natsTimeoutMs + 2 * this.opts.leaseMs) {
-      this.deps.log.warn({ shards: [...this.runners.keys()], others }, "NATS not answering for a lease period: handing the shards to live workers");
+    const nats = this.opts.nats;
+    if (nats !== undefined && this.runners.size > 0 && others.length > 0 && nats.silentMs() > nats.timeoutMs + 2 * this.opts.leaseMs) {
+      this.deps.log.warn({ shards: [...this.runners.keys()], others, silentMs: nats.silentMs() }, "NATS not answering for two lease periods: handing the shards to live workers");
       for (const shard of [...this.runners.keys()]) await this.letGo(shard, "NATS not answering");
       return;
     }

@@ -2,7 +2,7 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { jetstream, jetstreamManager, type JsMsg } from "@nats-io/jetstream";
 import {
-  RedisKeys, bumpEpoch, composeSeq, halfRange, loadConfig, newLogId, seqOffset, shardStream, shardStreamConfig, splitShard, userHash, WATERMARK_ALL,
+  RedisKeys, bigintsAsStrings, bumpEpoch, composeSeq, halfRange, loadConfig, newLogId, seqOffset, shardStream, shardStreamConfig, splitShard, userHash, WATERMARK_ALL,
   type CursorToken, type DeviceCursor, type Entry, type MailboxSeq, type ServerFrame,
 } from "../../protocol/index.js";
 import { redisClient, startStack, spawnGateway, spawnWorker } from "../harness/stack.js";
@@ -32,7 +32,7 @@ async function send(user: string, count: number): Promise<string[]> {
   for (let i = 0; i < count; i++) {
     const id = `${user}-m${n++}`;
     const [r] = await dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: [user], body: new TextEncoder().encode(id) });
-    assert.ok(r && !("error" in r), JSON.stringify(r, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v)));
+    assert.ok(r && !("error" in r), JSON.stringify(r, bigintsAsStrings));
     ids.push(id);
   }
   return ids;

@@ -7,7 +7,7 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import WebSocket from "ws";
 import { SignJWT } from "jose";
-import { DEV_JWT_SECRET, type Entry } from "../../protocol/index.js";
+import { DEV_JWT_SECRET, bigintsAsStrings, type Entry } from "../../protocol/index.js";
 import { spawnGateway, startStack } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { sleep, waitFor } from "../harness/wait.js";
@@ -32,7 +32,7 @@ async function authed(user: string, device = "d1", cursor?: unknown): Promise<Te
 
 async function dispatch(user: string, id: string): Promise<void> {
   const [r] = await stack.dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: [user], body: new Uint8Array([1]) });
-  assert.ok(r && "seq" in r, JSON.stringify(r, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v)));
+  assert.ok(r && "seq" in r, JSON.stringify(r, bigintsAsStrings));
 }
 
 /** Dispatches to `user` every 50 ms while `during` runs; returns the worst dispatch-to-device delay. */

@@ -7,9 +7,9 @@
  *
  *   npm run soak -- --minutes 30 [--devices 80] [--seed S] [--rate 100]
  */
-import { parseArgs } from "node:util";
 import { readFile } from "node:fs/promises";
 import { randomInt } from "node:crypto";
+import { parseFlags, usageError } from "../../protocol/index.js";
 import { FaultRun } from "../harness/faults.js";
 import { freePortForTest, initStack, startInfra, type Infra, type JetgateProcess } from "../harness/stack.js";
 import { runCli } from "../harness/cli.js";
@@ -23,8 +23,6 @@ const USAGE = `usage: npm run soak -- --minutes M [--devices N] [--seed S] [--ra
   --rate R      entries dispatched per second, about (default 100)
   --help        this text`;
 
-class UsageError extends Error {}
-
 interface Options {
   minutes: number;
   devices: number;
@@ -32,21 +30,15 @@ interface Options {
   rate: number;
 }
 
-function options(argv: string[]): Options | "help" {
-  let values: Record<string, string | boolean | undefined>;
-  try {
-    ({ values } = parseArgs({
-      args: argv, strict: true, allowPositionals: false,
-      options: { minutes: { type: "string" }, devices: { type: "string" }, seed: { type: "string" }, rate: { type: "string" }, help: { type: "boolean" } },
-    }));
-  } catch (err) {
-    throw new UsageError((err as Error).message);
-  }
-  if (values.help === true) return "help";
-  const int = (name: string, fallback: number | undefined, min: number, max = 2 ** 32 - 1): number => {
+function options(): Options {
+  const { values } = parseFlags({
+    strict: true, allowPositionals: false,
+    options: { minutes: { type: "string" }, devices: { type: "string" }, seed: { type: "string" }, rate: { type: "string" } },
+  }, USAGE);
+  const int = (name: keyof typeof values, fallback: number | undefined, min: number, max = 2 ** 32 - 1): number => {
     const v = values[name];
     if (v === undefined && fallback !== undefined) return fallback;
-    if (typeof v !== "string" || !/^\d{1,10}$/.test(v) || Number(v) < min || Number(v) > max) throw new UsageError(`--${name} must be an integer from ${min} to ${max}, got ${String(v ?? "nothing")}`);
+    if (v === undefined || !/^\d{1,10}$/.test(v) || Number(v) < min || Number(v) > max) usageError(`--${name} must be an integer from ${min} to ${max}, got ${v ?? "nothing"}`, USAGE);
     return Number(v);
   };
   return { minutes: int("minutes", undefined, 1, 10_000), devices: int("devices", 80, 2, 10_000), seed: int("seed", randomInt(2 ** 31), 0), rate: int("rate", 100, 1, 10_000) };
@@ -354,18 +346,7 @@ async function soak(opts: Options, infra: Infra): Promise<boolean> {
 }
 
 async function main(): Promise<number> {
-  let opts: Options | "help";
-  try {
-    opts = options(process.argv.slice(2));
-  } catch (err) {
-    if (!(err instanceof UsageError)) throw err;
-    console.error(`soak: ${err.message}\n${USAGE}`);
-    return 64;
-  }
-  if (opts === "help") {
-    console.log(USAGE);
-    return 0;
-  }
+  const opts = options();
   // the harness kills every server and jetgate process it started on exit
   for (const sig of ["SIGINT", "SIGTERM"] as const) process.on(sig, () => {
     console.error(`soak: ${sig}, stopping`);

@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import fc from "fast-check";
 import {
-  initialShards, bumpEpoch, deriveSeq, applyRecord, decodeRecord, encodeRecord, evenRange, ShardMap, userHash,
+  initialShards, bigintsAsStrings, bumpEpoch, deriveSeq, applyRecord, decodeRecord, encodeRecord, evenRange, ShardMap, userHash,
   EMPTY_REGISTRY, RegistryError, composeSeq, HASH_SPACE, MAX_EPOCH, type RegistryRecord, type ShardState,
 } from "../../protocol/index.js";
 
@@ -90,7 +90,7 @@ test("registry - records round-trip through JSON with seqs above 2^53", () => {
 });
 
 test("registry - bad records are refused by name", () => {
-  const enc = (x: unknown) => new TextEncoder().encode(JSON.stringify(x, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v)));
+  const enc = (x: unknown) => new TextEncoder().encode(JSON.stringify(x, bigintsAsStrings));
   const good = { v: 1, op: "init", at: 0, by: "t", shards: [s0] };
   const cases: [string, Uint8Array][] = [
     ["not JSON", new TextEncoder().encode("{")],
