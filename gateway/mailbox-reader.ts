@@ -1,13 +1,13 @@
 /**
  * Reads a user's mailbox for catch-up, gap fills and PULL, cheapest source first (DESIGN section 9):
  *
- * 1. lane watermarks in Redis: whether anything is there at all (no read when nothing is);
- * 2. the user's hot cache in Redis, when its completeness marker `_ca` is at or below the start;
- * 3. the shard stream: an ephemeral `filter_subject` consumer for long reads, direct get
- *    (`next_by_subj`) for a few entries.
+ * 1. the user's head in Redis (`_all`, which only the worker writes): no read when nothing is new;
+ * 2. the user's hot cache in Redis, as far as its rows prove themselves complete (cache-coverage.ts);
+ * 3. the shard stream for the rest: an ephemeral `filter_subject` consumer for long reads, leader
+ *    gets (`next_by_subj`) for a few entries or to vouch for a break in the cache's rows.
  *
- * Redis is only a cache: every path is correct after a FLUSHALL, just slower (watermarks are then
- * rebuilt from the stream with `last_by_subj`).
+ * Redis is only a cache, and any of its keys may vanish alone: a missing key reads as "unknown, ask
+ * the stream", never as "nothing there". Every path is correct after a FLUSHALL, just slower.
  */
 import { randomBytes } from "node:crypto";
 import { ClosedConnectionError, NoRespondersError, RequestError, TimeoutError, type NatsConnection } from "@nats-io/transport-node";
@@ -17,7 +17,6 @@ import {
   decodeStoredEntry,
   deriveSeq,
   parseEntrySubject,
-  seqKey,
   seqOffset,
   shardStream,
   userSubjects,
@@ -26,8 +25,8 @@ import {
   cacheStreamId,
   parseCacheRow,
   readerConsumerName,
-  CACHE_COMPLETE_AFTER,
   WATERMARK_ALL,
+  type CacheRow,
   type Entry,
   type MailboxSeq,
   type RedisClient,
@@ -36,11 +35,10 @@ import {
   type ShardState,
 } from "../protocol/index.js";
 import type { ShardBounds } from "./auth-decision.js";
+import { followChain, type ChainRow } from "./cache-coverage.js";
 import { ShardNotReadyError, UnavailableError } from "./gather.js";
 import type { MailboxSource, ReadOptions, Source, Watermarks } from "./ports.js";
 import { firstOffsetAbove } from "./positions.js";
-
-type RaiseClient = RedisClient & { jgRaiseWatermark(key: string, lane: string, seq20: string, ttl: number): Promise<number> };
 
 /**
  * One message by sequence or subject from the stream's leader (JetStream's STREAM.MSG.GET; null when
@@ -71,6 +69,32 @@ export function streamCallError(err: unknown, shard: number, inRegistry: boolean
 }
 /** Stream reads (each a short-lived consumer) at once per gateway. */
 const STREAM_READS = 32;
+/** Most rows one cache read asks for. */
+const CACHE_READ_MAX = 100_000;
+/** Leader gets one read may spend vouching for breaks in the cache's rows before it reads the stream. */
+const VOUCH_CHECKS = 2;
+/** Above every seq: "no bound". */
+const NO_BOUND = (1n << 64n) - 1n;
+
+const SEQ_TEXT = /^\d{1,20}$/;
+
+function parseSeq(v: unknown): MailboxSeq | undefined {
+  return typeof v === "string" && SEQ_TEXT.test(v) ? BigInt(v) : undefined;
+}
+
+type Row = ChainRow & { row: CacheRow };
+
+/** XRANGE's rows as chain rows; an unreadable row ends the list (the cache says nothing past it). */
+function chainRows(replies: readonly [Buffer, Buffer[]][]): Row[] {
+  const out: Row[] = [];
+  for (const [, fields] of replies) {
+    const row = parseCacheRow(fields);
+    const seq = parseSeq(row?.seq);
+    if (row === undefined || seq === undefined || (row.prevAll !== "" && parseSeq(row.prevAll) === undefined) || !/^\d+$/.test(row.shard)) break;
+    out.push({ seq, prevAll: row.prevAll === "" ? null : BigInt(row.prevAll), shard: Number(row.shard), row });
+  }
+  return out;
+}
 
 /** A counting semaphore: waiters are served in arrival order. */
 class Semaphore {
@@ -90,6 +114,10 @@ class Semaphore {
   }
 }
 
+function toEntry(r: Row): Entry {
+  return decodeCacheRecord(r.row.seq, r.row.prev, r.row.lane, r.row.entry);
+}
+
 export class MailboxReader implements MailboxSource {
   private jsm: JetStreamManager | undefined;
   private readonly boundsCache = new Map<number, { at: number; bounds: Promise<ShardBounds> }>();
@@ -102,7 +130,6 @@ export class MailboxReader implements MailboxSource {
     private readonly keys: RedisKeys,
     private readonly registry: RegistryClient,
     private readonly lanes: readonly string[],
-    private readonly watermarkTtlS: number,
   ) {
     this.js = jetstream(nc);
   }
@@ -168,27 +195,25 @@ export class MailboxReader implements MailboxSource {
     });
   }
 
-  /** Lane watermarks; rebuilt from the stream (and written back) when Redis has none. */
+  /**
+   * Lane watermarks and the user's head. Redis's when it has the head (`_all`): lanes it lacks are
+   * unknown, not empty (the worker re-creates a lost hash with the lanes it writes from then on).
+   * Without the head, read from the stream (`last_by_subj` per lane) and not written back: only the
+   * worker writes watermarks, in stream order, so none is ever older than an entry it processed.
+   */
   async watermarks(shard: number, user: string): Promise<Watermarks> {
     const h = await this.redis.hgetall(this.keys.watermarks(user));
+    const all = parseSeq(h[WATERMARK_ALL]);
+    if (all === undefined) return this.watermarksFromStream(shard, user);
     const lanes = new Map<string, MailboxSeq>();
-    let head = 0n;
-    let ca: MailboxSeq | undefined;
-    let any = false;
+    let head = all;
     for (const [k, v] of Object.entries(h)) {
-      if (!/^\d{1,20}$/.test(v)) continue;
-      if (k === WATERMARK_ALL) head = BigInt(v) > head ? BigInt(v) : head;
-      else if (k === CACHE_COMPLETE_AFTER) ca = BigInt(v);
-      else {
-        lanes.set(k, BigInt(v));
-        any = true;
-      }
+      const seq = parseSeq(v);
+      if (k === WATERMARK_ALL || seq === undefined) continue;
+      lanes.set(k, seq);
+      if (seq > head) head = seq;
     }
-    if (any) {
-      for (const v of lanes.values()) if (v > head) head = v;
-      return { lanes, head, cacheCompleteAfter: ca, from: "redis" };
-    }
-    return this.watermarksFromStream(shard, user);
+    return { lanes, head, from: "redis" };
   }
 
   private async watermarksFromStream(shard: number, user: string): Promise<Watermarks> {
@@ -198,7 +223,7 @@ export class MailboxReader implements MailboxSource {
     let head = 0n;
     await Promise.all(
       this.lanes.map(async (lane) => {
-        const m = await leaderGet(jsm, shardStream(shard), { last_by_subj: entrySubject(shard, user, lane) });
+        const m = await this.onStream(shard, () => leaderGet(jsm, shardStream(shard), { last_by_subj: entrySubject(shard, user, lane) }));
         if (m === null) return;
         const seq = deriveSeq(s, s.log, m.seq);
         if (seq === undefined) return;
@@ -206,14 +231,13 @@ export class MailboxReader implements MailboxSource {
         if (seq > head) head = seq;
       }),
     );
-    const r = this.redis as RaiseClient;
-    await Promise.all([...lanes].map(([lane, seq]) => r.jgRaiseWatermark(this.keys.watermarks(user), lane, seqKey(seq), this.watermarkTtlS))).catch(() => undefined);
-    return { lanes, head, cacheCompleteAfter: undefined, from: "stream" };
+    return { lanes, head, from: "stream" };
   }
 
   /**
-   * Entries of `user` in `shard` with seq > `after`, oldest first, in pages. From the hot cache when
-   * `wm` says it covers the range, else from the stream. `until` bounds the range (inclusive).
+   * Entries of `user` in `shard` with seq > `after`, oldest first, in pages: from the hot cache as
+   * far as its rows prove complete, the rest from the stream. `until` bounds the range (inclusive);
+   * `wm`, when the caller read it, is a head the read must reach.
    */
   async *read(
     shard: number,
@@ -222,23 +246,68 @@ export class MailboxReader implements MailboxSource {
     opts: ReadOptions & { pageSize?: number } = {},
   ): AsyncGenerator<{ entries: Entry[]; source: Source }> {
     const limit = opts.limit ?? Number.MAX_SAFE_INTEGER;
-    const ca = opts.wm?.cacheCompleteAfter;
-    // The cache starts after the cursor (a device with nothing yet, or a cache begun after a flush):
-    // one direct get says whether the stream holds anything of the user in between. Without it, a
-    // reconnect storm of such devices is a storm of stream consumers.
-    const covered = ca !== undefined && opts.wm?.from === "redis" && (ca <= after || (await this.nothingBetween(shard, user, after, ca)));
-    if (covered) {
-      const got = await this.readCache(shard, user, after, ca > after ? ca : after, opts.until, limit);
-      if (got !== undefined) {
-        for (let i = 0; i < got.length; i += opts.pageSize ?? 256) yield { entries: got.slice(i, i + (opts.pageSize ?? 256)), source: "cache" };
-        return;
-      }
+    const pageSize = opts.pageSize ?? 256;
+    if (limit <= 0) return;
+    const cached = await this.readCache(shard, user, after, opts.until, opts.wm?.head, limit);
+    if (cached === "nothing") return;
+    for (let i = 0; i < cached.entries.length; i += pageSize) yield { entries: cached.entries.slice(i, i + pageSize), source: "cache" };
+    if (cached.complete || cached.entries.length >= limit) return;
+    yield* this.readStream(shard, user, cached.at, opts.until, limit - cached.entries.length, pageSize);
+  }
+
+  /**
+   * The part of (after, until] the hot cache proves it holds, with the user's head read before its
+   * rows (a row written after the head only makes the cache look longer, never shorter). "nothing"
+   * when the head says no entry lies after `after`. A break in the rows (a trimmed or re-created
+   * cache, a row written while the hash was gone) is vouched for by a leader get when it costs no
+   * more than VOUCH_CHECKS of them; otherwise the stream reads on from where the rows stop.
+   */
+  private async readCache(
+    shard: number,
+    user: string,
+    after: MailboxSeq,
+    until: MailboxSeq | undefined,
+    knownHead: MailboxSeq | undefined,
+    limit: number,
+  ): Promise<{ entries: Entry[]; at: MailboxSeq; complete: boolean } | "nothing"> {
+    const count = Math.min(limit, CACHE_READ_MAX);
+    const replies = await this.redis
+      .pipeline()
+      .hget(this.keys.watermarks(user), WATERMARK_ALL)
+      .xrangeBuffer(this.keys.hotCache(user), `(${cacheStreamId(after)}`, until === undefined ? "+" : cacheStreamId(until), "COUNT", count)
+      .exec();
+    const [headReply, rowsReply] = replies ?? [];
+    if (headReply?.[0] || rowsReply?.[0]) throw (headReply?.[0] ?? rowsReply?.[0])!;
+    let head = parseSeq(headReply?.[1]);
+    if (knownHead !== undefined && (head === undefined || knownHead > head)) head = knownHead;
+    if (head !== undefined && head <= after) return "nothing";
+    const target = head !== undefined && (until === undefined || head < until) ? head : (until ?? NO_BOUND);
+    let rows = chainRows((rowsReply?.[1] ?? []) as [Buffer, Buffer[]][]);
+    const cutByCount = rows.length === count;
+    const kept: Row[] = [];
+    let at = after;
+    let vouched = false;
+    for (let checks = 0; ; ) {
+      const chain = followChain(rows, shard, at, target, vouched);
+      kept.push(...chain.kept);
+      at = chain.at;
+      const stop = chain.stop;
+      if (stop.type === "complete") return { entries: kept.map(toEntry), at, complete: true };
+      if (checks >= VOUCH_CHECKS || (stop.type === "break" && !stop.vouchable) || (stop.type === "rows_end" && cutByCount)) break;
+      checks++;
+      const next = stop.type === "break" ? rows[stop.index]! : undefined;
+      const upTo = next !== undefined && next.seq - 1n < target ? next.seq - 1n : target;
+      if (!(await this.nothingBetween(shard, user, at, upTo))) break;
+      if (next === undefined || next.seq > target) return { entries: kept.map(toEntry), at: target, complete: true };
+      rows = rows.slice((stop as { index: number }).index);
+      vouched = true;
     }
-    yield* this.readStream(shard, user, after, opts.until, limit, opts.pageSize ?? 256);
+    return { entries: kept.map(toEntry), at, complete: false };
   }
 
   /** True when the stream has no entry of `user` with seq in (after, until]. */
   private async nothingBetween(shard: number, user: string, after: MailboxSeq, until: MailboxSeq): Promise<boolean> {
+    if (until <= after) return true;
     const s = this.shard(shard);
     const jsm = await this.manager();
     // next_by_subj scans the stream from the cursor's offset: bounded like stream reads, so a storm
@@ -248,28 +317,6 @@ export class MailboxReader implements MailboxSource {
     if (m === null) return true;
     const seq = deriveSeq(s, s.log, m.seq);
     return seq !== undefined && seq > until;
-  }
-
-  /**
-   * The cached entries after `after`, or undefined when the cache turned out not to cover it. A
-   * row of another shard (a moved user's cache holds parent and child rows, whose seqs interleave
-   * and whose XADDs may have failed behind each other) means the cache cannot say: the stream can.
-   */
-  private async readCache(shard: number, user: string, after: MailboxSeq, verified: MailboxSeq, until: MailboxSeq | undefined, limit: number): Promise<Entry[] | undefined> {
-    const start = `(${cacheStreamId(after)}`;
-    const end = until === undefined ? "+" : cacheStreamId(until);
-    const rows = await this.redis.xrangeBuffer(this.keys.hotCache(user), start, end, "COUNT", Math.min(limit, 100_000));
-    // The cache may have been trimmed or flushed between reading `_ca` and here: check it again
-    // (`verified`: the point up to which the stream was seen to hold nothing the cache lacks).
-    const ca = await this.redis.hget(this.keys.watermarks(user), CACHE_COMPLETE_AFTER);
-    if (ca === null || BigInt(ca) > verified) return undefined;
-    const out: Entry[] = [];
-    for (const [, f] of rows) {
-      const row = parseCacheRow(f);
-      if (row === undefined || row.shard !== String(shard)) return undefined;
-      out.push(decodeCacheRecord(row.seq, row.prev, row.lane, row.entry));
-    }
-    return out;
   }
 
   /**

@@ -52,14 +52,17 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   const registry = await RegistryClient.open(nc, registryLogging(log));
   const keys = new RedisKeys(config.JETGATE_REDIS_PREFIX);
   const metrics = new GatewayMetrics();
-  const health = new DependencyHealth(nc, redis, { timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, log, metrics: { registry: metrics.registry, prefix: "jetgate_gateway_" } }).start();
+  const health = new DependencyHealth(nc, redis, {
+    timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, log, metrics: { registry: metrics.registry, prefix: "jetgate_gateway_" },
+    redisProbeKey: new RedisKeys(config.JETGATE_REDIS_PREFIX).healthProbe(`gateway-${gatewayId}`),
+  }).start();
   metrics.registryRecord.set(registry.state.seq);
   registry.onChange((st) => metrics.registryRecord.set(st.seq));
   const sessions = new SessionRegistry<Session>(nc, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log);
   const presence = new Presence(redis, keys, nc, gatewayId, (k) => sessions.kick(k.user, k.device, k.session));
   presence.start();
   const js = jetstream(nc);
-  const mailbox = new MailboxReader(nc, redis, keys, registry, config.JETGATE_LANES, Math.max(config.JETGATE_STREAM_MAX_AGE_S, config.JETGATE_HOT_CACHE_TTL_S));
+  const mailbox = new MailboxReader(nc, redis, keys, registry, config.JETGATE_LANES);
   sessions.startTailChecks(config.JETGATE_TAIL_CHECK_S, (users) => mailbox.cachedHeads(users));
   const ctx: SessionPorts = {
     config,
@@ -89,6 +92,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       if (registry.state.shards.size === 0) p.push("registry");
       return p;
     },
+    detail: () => health.detail(),
   });
   const stats = answerStats(nc, { kind: "gateway", id: gatewayId, regressions: metrics.regressions, health, extra: () => ({ connections: sessions.all.size }) });
   let jsm: Promise<JetStreamManager> | undefined;

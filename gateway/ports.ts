@@ -21,12 +21,10 @@ export interface Transport {
 export type Source = "cache" | "stream";
 
 export interface Watermarks {
-  /** Highest seq per lane. */
+  /** Highest seq per lane; a lane Redis lost is missing (unknown), `head` is right regardless. */
   lanes: Map<string, MailboxSeq>;
   /** Highest seq over all lanes (0 when none). */
   head: MailboxSeq;
-  /** The hot cache holds every entry above this seq; undefined when it cannot say. */
-  cacheCompleteAfter: MailboxSeq | undefined;
   /** Where the figures came from. */
   from: "redis" | "stream";
 }
@@ -34,7 +32,7 @@ export interface Watermarks {
 export interface ReadOptions {
   /** Only entries with seq at or below this. */
   until?: MailboxSeq;
-  /** The user's watermarks, when the caller has them: a covered range is served from the cache. */
+  /** The user's watermarks, when the caller has them: the read reaches at least their head. */
   wm?: Watermarks;
   limit?: number;
 }
@@ -89,8 +87,8 @@ export interface HubMember {
   onShardChange(): void;
   /** What the session accounted for, while it is live and idle (the tail check); else undefined. */
   tailPosition(): MailboxSeq | undefined;
-  /** The user's head is past `tailPosition`: read the rest and send it. */
-  fillTail(): void;
+  /** The user's head is past `tailPosition` (undefined: Redis does not know it): read the rest and send it. */
+  fillTail(head: MailboxSeq | undefined): void;
 }
 
 /** The gateway's sessions: fan-out membership, replacement of a device's older session, per-user limits. */

@@ -91,6 +91,8 @@ export class Session implements HubMember {
   private authTimer: NodeJS.Timeout | undefined;
   private expiryTimer: NodeJS.Timeout | undefined;
   private ackTimer: NodeJS.Timeout | undefined;
+  /** Where the session stood when a tail check last asked the stream for a head Redis lacked. */
+  private tailAskedAt: MailboxSeq | undefined;
   private ackedSeq = 0n;
   private ackFlushed = 0n;
   private readonly bucket: TokenBucket;
@@ -462,9 +464,18 @@ export class Session implements HubMember {
     return this.state.type === "live" && this.chainIdle ? this.delivery.lastKnown : undefined;
   }
 
-  /** The hub saw the user's head past `tailPosition`: the rest is read and sent through the chain. */
-  fillTail(): void {
+  /**
+   * The hub saw the user's head past `tailPosition`, or Redis had no head for the user (its hash
+   * vanished, with it the proof that nothing is missing): the rest is read and sent through the
+   * chain. An unknown head asks the stream once per position: only the worker re-creates the hash,
+   * and it does so with the next entry it processes, whose push then shows any gap.
+   */
+  fillTail(head: MailboxSeq | undefined): void {
     if (this.tailPosition() === undefined) return;
+    if (head === undefined) {
+      if (this.tailAskedAt === this.delivery.lastKnown) return;
+      this.tailAskedAt = this.delivery.lastKnown;
+    }
     this.enqueue(async () => {
       const wm = await this.p.mailbox.watermarks(this.shard, this.user);
       // a push may have delivered it meanwhile

@@ -153,10 +153,10 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
         .then((hs) => {
           for (let k = 0; k < list.length; k++) {
             const head = hs[k];
-            if (head === undefined) continue;
             for (const s of this.users.get(list[k]!)?.sessions ?? []) {
               const at = s.tailPosition();
-              if (at !== undefined && head > at) s.fillTail();
+              // no head in Redis (the user's hash vanished) is "unknown": the session asks the stream
+              if (at !== undefined && (head === undefined || head > at)) s.fillTail(head);
             }
           }
         })

@@ -165,6 +165,8 @@ export const envSchema = z.object({
   JETGATE_METRICS_HOST: str("127.0.0.1"),
   JETGATE_LEASE_MS: int(1000, 600_000, 5000),
   JETGATE_WORKER_BATCH: int(1, 10_000, 500),
+  /** Ack wait of a worker's consumer (set when the worker creates it, at a takeover). */
+  JETGATE_WORKER_ACK_WAIT_S: int(1, 3600, 60),
   JETGATE_HOT_CACHE_MAXLEN: int(0, 100_000, 256),
   JETGATE_HOT_CACHE_TTL_S: int(1, 30 * 86400, 86400),
   /** Dedup memory of dispatch_id:user; 0 means the stream retention (JETGATE_STREAM_MAX_AGE_S). */

@@ -29,12 +29,20 @@ export class RedisKeys {
     return [`${this.prefix}:{u:`, "}:"];
   }
 
-  /** Hash: lane -> highest seq (20-digit decimal), WATERMARK_ALL -> highest over lanes, CACHE_COMPLETE_AFTER -> hot cache complete after. */
+  /**
+   * Hash: lane -> highest seq (20-digit decimal), WATERMARK_ALL -> highest over lanes. Written by the
+   * worker only, in stream order (a value rebuilt elsewhere could be older than an entry the worker
+   * wrote meanwhile, and `_all` is the `prevAll` of the next entry: it must never be low).
+   */
   watermarks(user: string): string {
     return `${this.user(user)}${USER_SUFFIX.watermarks}`;
   }
 
-  /** Stream of the user's latest entries (rows: CACHE_FIELDS), ids `cacheStreamId(seq)`. */
+  /**
+   * Stream of the user's latest entries (rows: CACHE_FIELDS), ids `cacheStreamId(seq)`. Each row
+   * names the user's entry before it (`prevAll`), so what the cache covers is read from the rows
+   * themselves: no marker elsewhere can outlive them.
+   */
   hotCache(user: string): string {
     return `${this.user(user)}${USER_SUFFIX.hotCache}`;
   }
@@ -69,6 +77,11 @@ export class RedisKeys {
     return `${this.prefix}:{s:${assertShard(shard)}}:lease`;
   }
 
+  /** A process's readiness write probe (protocol/io/health.ts): a short-lived key of its own. */
+  healthProbe(process: string): string {
+    return `${this.prefix}:{health}:${process}`;
+  }
+
   /** Sorted set of live workers, scored by the expiry of their heartbeat. */
   workers(): string {
     return `${this.prefix}:{workers}`;
@@ -84,8 +97,6 @@ export function seqKey(seq: bigint): string {
 
 /** Field of the watermark hash: the user's highest seq over all lanes (a push's `pa`). */
 export const WATERMARK_ALL = "_all";
-/** Field of the watermark hash: the hot cache holds every entry of the user above this seq. */
-export const CACHE_COMPLETE_AFTER = "_ca";
 
 // ---- the hot cache --------------------------------------------------------------------------
 
@@ -95,6 +106,12 @@ export const CACHE_FIELDS = {
   seq: "s",
   /** Its lane's previous seq, 20-digit decimal, or "" when unknown. */
   prev: "p",
+  /**
+   * The user's previous seq over all lanes when the worker wrote the row (the push's `prevAll`),
+   * 20-digit decimal, or "" when unknown (the watermark hash was gone). Rows whose `prevAll` is the
+   * row before them form an unbroken chain: the cache holds every entry of the user in it.
+   */
+  prevAll: "a",
   lane: "l",
   /** The entry body as stored in the shard stream (msgpack {id, d, ts, b}). */
   entry: "e",
@@ -110,6 +127,7 @@ export function cacheStreamId(seq: MailboxSeq): string {
 export interface CacheRow {
   seq: string;
   prev: string;
+  prevAll: string;
   lane: string;
   entry: Buffer;
   shard: string;
@@ -126,7 +144,14 @@ export function parseCacheRow(fields: readonly Buffer[]): CacheRow | undefined {
   const entry = get(CACHE_FIELDS.entry);
   const shard = get(CACHE_FIELDS.shard);
   if (seq === undefined || lane === undefined || entry === undefined || shard === undefined) return undefined;
-  return { seq: seq.toString(), prev: get(CACHE_FIELDS.prev)?.toString() ?? "", lane: lane.toString(), entry, shard: shard.toString() };
+  return {
+    seq: seq.toString(),
+    prev: get(CACHE_FIELDS.prev)?.toString() ?? "",
+    prevAll: get(CACHE_FIELDS.prevAll)?.toString() ?? "",
+    lane: lane.toString(),
+    entry,
+    shard: shard.toString(),
+  };
 }
 
 // ---- Lua scripts (one user's keys each, one cluster slot; the worker's batch script one node's) ---
@@ -137,7 +162,7 @@ export function parseCacheRow(fields: readonly Buffer[]): CacheRow | undefined {
  * its node; every entry's keys are built here from `userKeyParts` and its user (a Cluster refuses a
  * call that declares keys of several slots; `allow-cross-slot-keys`, Redis >= 7.0, lets the script
  * touch the other slots of its node). ARGV[1]: `key part 1|key part 2|log|shard|dedup ttl|cache
- * maxlen|cache ttl|watermark ttl`; ARGV[2]: one `user|dispatch|offset|lane|seq|seq - 1|cache row
+ * maxlen|cache ttl|watermark ttl`; ARGV[2]: one `user|dispatch|offset|lane|seq|cache row
  * id|body length` per entry, `;`-separated; ARGV[3]: the entry bodies, concatenated. Returns
  * `first|prev|prevAll` per entry, `;`-separated.
  */
@@ -150,7 +175,7 @@ local pos = 1
 local i = 0
 for item in string.gmatch(ARGV[2], '[^;]+') do
   i = i + 1
-  local user, dispatch, offset, lane, seq, seqm1, rowId, blen = string.match(item, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+  local user, dispatch, offset, lane, seq, rowId, blen = string.match(item, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
   blen = tonumber(blen)
   local body = string.sub(ARGV[3], pos, pos + blen - 1)
   pos = pos + blen
@@ -163,23 +188,14 @@ for item in string.gmatch(ARGV[2], '[^;]+') do
   if not redis.call('SET', dd, token, 'NX', 'EX', dedupTtl) then
     if redis.call('GET', dd) ~= token then first = 0 end
   end
-  local wm = redis.call('HMGET', wmKey, lane, '${WATERMARK_ALL}', '${CACHE_COMPLETE_AFTER}')
-  local prev, prevAll, ca = wm[1], wm[2], wm[3]
+  local wm = redis.call('HMGET', wmKey, lane, '${WATERMARK_ALL}')
+  local prev, prevAll = wm[1], wm[2]
   local set = {}
   if (not prev) or prev < seq then set[#set + 1] = lane; set[#set + 1] = seq end
   if (not prevAll) or prevAll < seq then set[#set + 1] = '${WATERMARK_ALL}'; set[#set + 1] = seq end
   if maxlen > 0 then
-    local len = redis.call('XLEN', hc)
-    if len == 0 then
-      -- (re)created: complete after the user's previous seq when known, else just before this entry
-      set[#set + 1] = '${CACHE_COMPLETE_AFTER}'; set[#set + 1] = prevAll or seqm1
-    elseif len >= maxlen or not ca then
-      -- trimming the oldest (or the hash was lost): complete after the oldest entry kept so far
-      -- (field 2 of a row is its seq: the row's first field is ${CACHE_FIELDS.seq})
-      local oldest = redis.call('XRANGE', hc, '-', '+', 'COUNT', 1)
-      set[#set + 1] = '${CACHE_COMPLETE_AFTER}'; set[#set + 1] = oldest[1][2][2]
-    end
-    redis.pcall('XADD', hc, 'MAXLEN', maxlen, rowId, '${CACHE_FIELDS.seq}', seq, '${CACHE_FIELDS.prev}', prev or '', '${CACHE_FIELDS.lane}', lane, '${CACHE_FIELDS.entry}', body, '${CACHE_FIELDS.shard}', shard)
+    -- the row carries the user's previous seq: readers check coverage on the rows alone
+    redis.pcall('XADD', hc, 'MAXLEN', maxlen, rowId, '${CACHE_FIELDS.seq}', seq, '${CACHE_FIELDS.prev}', prev or '', '${CACHE_FIELDS.prevAll}', prevAll or '', '${CACHE_FIELDS.lane}', lane, '${CACHE_FIELDS.entry}', body, '${CACHE_FIELDS.shard}', shard)
     redis.call('EXPIRE', hc, cacheTtl)
   end
   if #set > 0 then redis.call('HSET', wmKey, unpack(set)) end
@@ -187,16 +203,6 @@ for item in string.gmatch(ARGV[2], '[^;]+') do
   out[i] = first .. '|' .. (prev or '') .. '|' .. (prevAll or '')
 end
 return table.concat(out, ';')
-`;
-
-/** Upward-only write-back of a lane watermark rebuilt from the stream. KEYS: watermarks; ARGV: lane, seq, ttl. */
-export const RAISE_WATERMARK_LUA = `
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if (not cur) or cur < ARGV[2] then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
-local all = redis.call('HGET', KEYS[1], '${WATERMARK_ALL}')
-if (not all) or all < ARGV[2] then redis.call('HSET', KEYS[1], '${WATERMARK_ALL}', ARGV[2]) end
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-return 1
 `;
 
 /**
@@ -266,7 +272,6 @@ return 0
  */
 export const REDIS_SCRIPTS = {
   jgApplyBatch: { lua: APPLY_BATCH_LUA, numberOfKeys: 1 },
-  jgRaiseWatermark: { lua: RAISE_WATERMARK_LUA, numberOfKeys: 1 },
   jgAckStore: { lua: ACK_STORE_LUA, numberOfKeys: 2 },
   jgPresenceClaim: { lua: PRESENCE_CLAIM_LUA, numberOfKeys: 1 },
   jgPresenceRelease: { lua: PRESENCE_RELEASE_LUA, numberOfKeys: 1 },

@@ -5,15 +5,17 @@
  *    (redelivery, takeover, a crash between steps) counts as the first copy again, so it is pushed
  *    again: a crash never loses a push. Another offset with the same key is a duplicate: it is not
  *    pushed, but it still is a position in the mailbox (a rebuilt stream re-appends many), so it
- *    goes into the watermarks and the hot cache like any entry; otherwise the cache's promise
- *    "every entry after `_ca` is here" would break and a reader could skip it.
+ *    goes into the watermarks and the hot cache like any entry; otherwise the rows' chain of
+ *    `prevAll` would point past it and a reader could skip it.
  * 2. lane watermark, upward only; the previous value is returned and becomes the entry's `prev`.
  *    The same for the user over all lanes (`_all`): the push's `pa`, which gateways use to detect a
  *    lost push before sending anything after it. Seqs are 20-digit decimal strings, compared as
  *    strings: Lua numbers are doubles.
  * 3. hot cache: XADD with id `<epoch>-<offset>` (Redis keeps ids increasing, so a zombie's older
  *    epoch cannot write behind newer entries: its XADD fails and is ignored), bounded by MAXLEN and a
- *    TTL. `_ca` in the watermark hash records the seq after which the cache is complete.
+ *    TTL. Each row carries the user's previous seq (`prevAll`), so a reader sees from the rows alone
+ *    whether the cache holds every entry of a range: any key may vanish on its own (its TTL, an
+ *    eviction), and a completeness marker kept in another key would outlive what it describes.
  *
  * A batch goes to Redis as one script call per Redis node (APPLY_BATCH_LUA), not one per entry:
  * ioredis spends microseconds of CPU per call and per argument, and Redis per call too. The entries
@@ -74,7 +76,7 @@ export async function applyBatch(redis: RedisClient, keys: RedisKeys, shared: Ba
       const bodies = new Array<Uint8Array>(indexes.length);
       for (let j = 0; j < indexes.length; j++) {
         const e = entries[indexes[j]!]!;
-        headers[j] = `${e.user}|${e.dispatch}|${e.offset}|${e.lane}|${seqKey(e.seq)}|${seqKey(e.seq - 1n)}|${cacheStreamId(e.seq)}|${e.body.byteLength}`;
+        headers[j] = `${e.user}|${e.dispatch}|${e.offset}|${e.lane}|${seqKey(e.seq)}|${cacheStreamId(e.seq)}|${e.body.byteLength}`;
         bodies[j] = e.body;
       }
       const reply = await (redis as ScriptClient).jgApplyBatch(route, head, headers.join(";"), Buffer.concat(bodies));

@@ -34,7 +34,10 @@ export async function runWorker(env: Record<string, string | undefined> = proces
   const metrics = new WorkerMetrics();
   metrics.registryRecord.set(registry.state.seq);
   registry.onChange((st) => metrics.registryRecord.set(st.seq));
-  const health = new DependencyHealth(nc, redis, { timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, log, metrics: { registry: metrics.registry, prefix: "jetgate_worker_" } }).start();
+  const health = new DependencyHealth(nc, redis, {
+    timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, log, metrics: { registry: metrics.registry, prefix: "jetgate_worker_" },
+    redisProbeKey: new RedisKeys(config.JETGATE_REDIS_PREFIX).healthProbe(`worker-${workerId}`),
+  }).start();
   const worker = new Worker(
     { nc, redis, keys: new RedisKeys(config.JETGATE_REDIS_PREFIX), registry, metrics, log, workerId, config },
     { leaseMs: config.JETGATE_LEASE_MS, nats: { answering: () => health.answering("nats"), silentMs: () => health.silentMs("nats"), timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS } },
@@ -47,6 +50,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
       if (worker.status.type !== "running") p.push(`worker ${worker.status.type}`);
       return p;
     },
+    detail: () => health.detail(),
   });
   const stats = answerStats(nc, {
     kind: "worker", id: workerId, regressions: metrics.regressions, health,

@@ -33,7 +33,7 @@ export class WorkerMetrics {
     this.redisRetries = c("jetgate_worker_redis_retries_total", "Batches whose Redis step failed and was retried.", ["shard"]);
     this.takeovers = c("jetgate_worker_takeovers_total", "Shards taken over by this worker (epoch bumps it wrote).", ["shard"]);
     this.fenced = c("jetgate_worker_fenced_total", "Times this worker stopped a shard because the registry showed a newer epoch.", ["shard"]);
-    this.lag = g("jetgate_worker_lag_entries", "Entries in the shard stream not yet delivered to this worker.");
+    this.lag = g("jetgate_worker_lag_entries", "Entries in the shard stream this worker has not finished (not delivered yet, or delivered and waiting), read every second.");
     this.epoch = g("jetgate_shard_epoch", "Current epoch of an owned shard (review at 1000).");
     this.offset = g("jetgate_shard_log_offset", "Last log offset processed in an owned shard (48-bit field: review at 10% of 2^48).");
     this.lease = g("jetgate_worker_lease_held", "1 while this worker holds the shard's lease.");

@@ -49,6 +49,7 @@ import {
   type RegistryClient,
   type RedisKeys,
   type ShardState,
+  writeRefusal,
 } from "../protocol/index.js";
 import { applyBatch, type ApplyEntryResult, type BatchEntry, type BatchShared } from "./mailbox-script.js";
 import type { WorkerMetrics } from "./metrics.js";
@@ -69,6 +70,7 @@ export interface RunnerDeps {
   config: Pick<
     Config,
     | "JETGATE_WORKER_BATCH"
+    | "JETGATE_WORKER_ACK_WAIT_S"
     | "JETGATE_HOT_CACHE_MAXLEN"
     | "JETGATE_HOT_CACHE_TTL_S"
     | "JETGATE_DEDUP_TTL_S"
@@ -226,7 +228,7 @@ export class ShardRunner {
       ack_policy: AckPolicy.All,
       deliver_policy: DeliverPolicy.StartSequence,
       opt_start_seq: startOffset,
-      ack_wait: 60_000_000_000,
+      ack_wait: this.d.config.JETGATE_WORKER_ACK_WAIT_S * 1_000_000_000,
       max_ack_pending: 100_000,
     });
     for (const c of consumers) {
@@ -342,6 +344,12 @@ export class ShardRunner {
       else if (parsed !== undefined) items.push(parsed);
     };
     let maxOffset = this.lastOffset;
+    // The message of the highest offset in the batch: the one to acknowledge. A batch can end with a
+    // redelivery of an older offset (a Redis stall outlasted the ack wait, and the server sent every
+    // unacknowledged message again); acking that one, and taking its offset as the last done, left
+    // the newer ones unacknowledged and made the next batch process them again: a re-push and a
+    // regression counted for nothing.
+    let highest: JsMsg | undefined;
     for (const m of batch) {
       if (m.seq <= maxOffset) continue; // a redelivery of what is already done or in this batch
       // The consumer reads the whole stream, so offsets come one after another. A hole means a
@@ -350,6 +358,7 @@ export class ShardRunner {
       if (m.seq > maxOffset + 1) for (const x of await this.fetchSkipped(maxOffset + 1, m.seq - 1)) take(x);
       take(m);
       maxOffset = m.seq;
+      highest = m;
     }
     const results = await this.redisStep(items, epoch);
     if (results === undefined) return false;
@@ -372,9 +381,9 @@ export class ShardRunner {
     }
     if (forwards.length > 0) await this.forward(forwards);
     this.fault("push");
-    const last = batch[batch.length - 1]!;
-    last.ack();
-    this.lastOffset = Math.max(this.lastOffset, last.seq);
+    // AckAll: everything up to the highest offset (a batch of redeliveries only: acked again, harmless)
+    (highest ?? batch[batch.length - 1]!).ack();
+    this.lastOffset = maxOffset;
     this.d.metrics.processed.inc(this.label, items.length + forwards.length);
     this.d.metrics.pushed.inc(this.label, pushed);
     this.d.metrics.offset.set(this.label, this.lastOffset);
@@ -438,7 +447,10 @@ export class ShardRunner {
         return await applyBatch(this.d.redis, this.d.keys, shared, entries);
       } catch (err) {
         this.d.metrics.redisRetries.inc(this.label);
-        if (attempt % 10 === 0) this.d.log.warn({ shard: this.shard, err: (err as Error).message, attempt }, "redis step failed; retrying");
+        if (attempt % 10 === 0) {
+          const refusal = writeRefusal(err);
+          this.d.log.warn({ shard: this.shard, err: (err as Error).message, attempt, ...(refusal ? { refusal } : {}) }, refusal ? `redis step failed: Redis refuses writes (${refusal}); retrying` : "redis step failed; retrying");
+        }
         await new Promise((r) => setTimeout(r, backoffCeiling(attempt, RETRY_BACKOFF)));
         if (!this.isCurrent(epoch)) return undefined;
       }
@@ -490,12 +502,17 @@ export class ShardRunner {
     }
   }
 
-  /** Entries not yet delivered to this runner's consumer. */
+  /**
+   * Entries of the shard stream this runner has not finished: not yet delivered to its consumer,
+   * or delivered and still waiting (for Redis, say). Counting only the undelivered ones read 0
+   * through the first half minute of a Redis that refused writes: the consumer had delivered a
+   * batch's worth, and stopped delivering, long before.
+   */
   async lag(jsm: JetStreamManager): Promise<number | undefined> {
     const epoch = this.epoch;
     if (epoch === undefined) return undefined;
     const info = await jsm.consumers.info(this.stream, workerConsumerName(epoch));
-    return info.num_pending;
+    return info.num_pending + Math.max(0, info.delivered.stream_seq - this.lastOffset);
   }
 }
 

@@ -7,6 +7,7 @@
 import { createHash } from "node:crypto";
 import type { Logger } from "pino";
 import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
+import { writeRefusal } from "../protocol/index.js";
 import { Leases } from "./leases.js";
 import { ShardRunner, type RunnerDeps } from "./shard-runner.js";
 
@@ -61,8 +62,14 @@ export class Worker {
     this.statusValue = { type: "running" };
     const every = Math.max(200, Math.floor(this.opts.leaseMs / 3));
     const run = () => {
-      this.ticking = this.tick().catch((err: unknown) => this.deps.log.error({ err }, "worker tick failed"));
+      this.ticking = this.tick().then(
+        () => this.troubleOver("tick"),
+        (err: unknown) => this.trouble("tick", err, "worker tick failed"),
+      );
     };
+    // lag every second, beside the ticks: a tick that fails (Redis refusing writes) must not freeze it
+    this.observer = setInterval(() => this.observeSoon(), 1000);
+    this.observer.unref();
     run();
     this.timer = setInterval(() => {
       // One tick at a time: a slow Redis must not stack ticks up.
@@ -97,7 +104,7 @@ export class Worker {
     this.beats++;
     if (!natsOk) return this.withoutNats(beat.live);
     await this.renewAll();
-    if (Date.now() < this.settleUntil) return this.observeSoon();
+    if (Date.now() < this.settleUntil) return;
     const active = [...this.deps.registry.state.shards.values()].filter((s) => s.status === "active").map((s) => s.shard);
     const target = Math.ceil(active.length / Math.max(1, this.liveWorkers.length));
     const me = this.deps.workerId;
@@ -113,7 +120,6 @@ export class Worker {
       const worst = [...this.runners.keys()].sort((a, b) => rendezvous(me, a).localeCompare(rendezvous(me, b)))[0]!;
       await this.handBack(worst, "rebalancing");
     }
-    this.observeSoon();
   }
 
   /**
@@ -169,14 +175,44 @@ export class Worker {
         await this.handBack(shard, runner.state.reason);
         continue;
       }
-      const outcome = await this.leases.renew(shard);
+      let outcome;
+      try {
+        outcome = await this.leases.renew(shard);
+      } catch (err) {
+        this.trouble("renew", err, "cannot renew leases");
+        continue;
+      }
+      const failedFor = this.troubles.get("renew");
+      this.troubleOver("renew");
       if (outcome === "lost") {
         this.deps.log.warn({ shard }, "lease lost to another worker");
         await this.drop(shard, "lease lost");
       } else if (outcome === "reacquired") {
-        this.deps.log.warn({ shard }, "lease had vanished (Redis flushed?): taken again");
+        // say which: renewals that failed until it expired, or a Redis that lost the key
+        if (failedFor !== undefined) this.deps.log.warn({ shard, failedMs: Date.now() - failedFor.since, cause: failedFor.message }, "lease expired while its renewals failed: taken again");
+        else this.deps.log.warn({ shard }, "lease vanished (Redis lost the key: a flush, a restart without persistence, an eviction): taken again");
       }
     }
+  }
+
+  /** Failures that repeat every tick, by kind: logged when they start and when they change, not each time. */
+  private readonly troubles = new Map<string, { since: number; message: string }>();
+
+  private trouble(kind: string, err: unknown, msg: string): void {
+    const message = err instanceof Error ? err.message : String(err);
+    const had = this.troubles.get(kind);
+    if (had !== undefined && had.message === message) return;
+    this.troubles.set(kind, { since: had?.since ?? Date.now(), message });
+    const refusal = writeRefusal(err);
+    if (refusal !== undefined) this.deps.log.error({ err: message, refusal }, `${msg}: Redis refuses writes (${refusal})`);
+    else this.deps.log.error({ err: message }, msg);
+  }
+
+  private troubleOver(kind: string): void {
+    const had = this.troubles.get(kind);
+    if (had === undefined) return;
+    this.troubles.delete(kind);
+    this.deps.log.info({ kind, failedMs: Date.now() - had.since }, "working again");
   }
 
   private async drop(shard: number, reason: string): Promise<void> {
@@ -192,6 +228,7 @@ export class Worker {
   }
 
   private observing: Promise<void> | undefined;
+  private observer: NodeJS.Timeout | undefined;
 
   /**
    * Lag is read beside the ticks, never in them: its NATS requests wait out their timeout when NATS
@@ -202,6 +239,7 @@ export class Worker {
   }
 
   private async observe(): Promise<void> {
+    if (this.jsm === undefined) return;
     for (const r of this.runners.values()) {
       const lag = await r.lag(this.jsm!).catch(() => undefined);
       if (lag !== undefined) {
@@ -216,6 +254,7 @@ export class Worker {
     if (this.statusValue.type === "stopping" || this.statusValue.type === "stopped") return;
     this.statusValue = { type: "stopping" };
     clearInterval(this.timer);
+    clearInterval(this.observer);
     await this.ticking;
     for (const shard of [...this.runners.keys()]) await this.handBack(shard, "worker stopping");
     await Promise.all(this.stopping);

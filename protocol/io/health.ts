@@ -1,6 +1,6 @@
 /**
  * Whether NATS and Redis answer, told by probing them: a round trip (NATS PING/PONG through
- * `flush`, Redis PING) every second. A client's own status is not enough: a paused Redis
+ * `flush`, Redis PING, and a small Redis write) every second. A client's own status is not enough: a paused Redis
  * (CLIENT PAUSE, DEBUG SLEEP), a stopped nats-server (SIGSTOP) or a silent network partition keeps
  * the TCP connection "connected" while nothing answers, and ioredis would wait on it until the
  * kernel gives the connection up (about 15 minutes). Readiness, the worker's leases and the
@@ -13,6 +13,25 @@ import type { RedisClient } from "./connect.js";
 
 export type Dependency = "nats" | "redis";
 
+/**
+ * Why a Redis that answers refuses writes, from the error it gave (undefined: not a refusal).
+ * `oom`: maxmemory reached under `noeviction` (or nothing left to evict); `readonly`: a replica
+ * (a failover not yet followed); `misconf`: a failed RDB save with stop-writes-on-bgsave-error;
+ * `noreplicas`: min-replicas-to-write not met. Each stops the worker's batches and every lease
+ * renewal while reads still work: the process must say so, and name it.
+ */
+export type WriteRefusal = "oom" | "readonly" | "misconf" | "noreplicas";
+
+export function writeRefusal(err: unknown): WriteRefusal | undefined {
+  const m = err instanceof Error ? err.message : typeof err === "string" ? err : "";
+  // ioredis prefixes script errors ("ERR Error running script ... OOM command not allowed ...")
+  if (/\bOOM\b/.test(m)) return "oom";
+  if (/\bREADONLY\b/.test(m)) return "readonly";
+  if (/\bMISCONF\b/.test(m)) return "misconf";
+  if (/\bNOREPLICAS\b/.test(m)) return "noreplicas";
+  return undefined;
+}
+
 /** A Redis silent this many timeouts is reconnected: its TCP connection is presumed dead. */
 export const REDIS_RECONNECT_AFTER_TIMEOUTS = 8;
 
@@ -24,6 +43,8 @@ export interface HealthOptions {
   metrics?: { registry: Registry; prefix: string };
   /** Probe interval; default a quarter of the timeout, at most 1 s. */
   everyMs?: number;
+  /** The key the write probe sets (with a short expiry): one per process. */
+  redisProbeKey: string;
 }
 
 export class DependencyHealth {
@@ -33,7 +54,11 @@ export class DependencyHealth {
   private timer: NodeJS.Timeout | undefined;
   private redisForcedAt = 0;
   private readonly up: Gauge<"dependency"> | undefined;
+  private readonly writable: Gauge | undefined;
   private reported: Record<Dependency, boolean> = { nats: true, redis: true };
+  private writeInFlight = false;
+  /** The last write probe's refusal: why, and what Redis said. */
+  private refused: { why: WriteRefusal; message: string } | undefined;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -53,6 +78,12 @@ export class DependencyHealth {
       });
       this.up.set({ dependency: "nats" }, 1);
       this.up.set({ dependency: "redis" }, 1);
+      this.writable = new Gauge({
+        name: `${opts.metrics.prefix}redis_writable`,
+        help: "1 while Redis accepts writes; 0 while it refuses them (OOM, READONLY, MISCONF, NOREPLICAS: see the logs and /readyz).",
+        registers: [opts.metrics.registry],
+      });
+      this.writable.set(1);
     }
   }
 
@@ -71,10 +102,16 @@ export class DependencyHealth {
     return Date.now() - this.lastOk[dep];
   }
 
+  /** Answers probes, and (Redis) accepts writes. */
   answering(dep: Dependency): boolean {
     if (dep === "nats" && (this.nc.isClosed() || this.nc.isDraining())) return false;
-    if (dep === "redis" && this.redis.status !== "ready") return false;
+    if (dep === "redis" && (this.redis.status !== "ready" || this.refused !== undefined)) return false;
     return this.silentMs(dep) <= this.opts.timeoutMs;
+  }
+
+  /** Why Redis refuses writes, while it does. */
+  get writeRefusal(): WriteRefusal | undefined {
+    return this.refused?.why;
   }
 
   /** For /readyz: each dependency not answering, by name. */
@@ -82,15 +119,28 @@ export class DependencyHealth {
     return (["nats", "redis"] as const).filter((d) => !this.answering(d));
   }
 
+  /** For /readyz: what is wrong with each dependency in `problems`, in words. */
+  detail(): Partial<Record<Dependency, string>> {
+    const out: Partial<Record<Dependency, string>> = {};
+    for (const d of this.problems()) {
+      out[d] = d === "redis" && this.refused !== undefined
+        ? `refuses writes (${this.refused.why}): ${this.refused.message}`
+        : `no answer for ${this.silentMs(d)} ms`;
+    }
+    return out;
+  }
+
   private probe(): void {
     this.send("nats", () => this.nc.flush());
     this.send("redis", () => this.redis.ping());
+    this.probeWrite();
     for (const dep of ["nats", "redis"] as const) {
       const ok = this.answering(dep);
       if (ok !== this.reported[dep]) {
         this.reported[dep] = ok;
         this.up?.set({ dependency: dep }, ok ? 1 : 0);
         if (ok) this.opts.log.info({ dependency: dep }, "dependency answering again");
+        else if (dep === "redis" && this.refused !== undefined) this.opts.log.warn({ dependency: dep, refusal: this.refused.why, err: this.refused.message }, "redis answers but refuses writes");
         else this.opts.log.warn({ dependency: dep, silentMs: this.silentMs(dep) }, "dependency not answering");
       }
     }
@@ -102,6 +152,29 @@ export class DependencyHealth {
       this.opts.log.warn({ silentMs: silent }, "redis silent: reconnecting");
       this.redis.disconnect(true);
     }
+  }
+
+  /**
+   * A PING says Redis answers, not that it takes writes: a full `noeviction` Redis, a replica or a
+   * failed save answers PING and refuses every write the worker and the leases need. So a small
+   * write too, on a key of this process that expires by itself.
+   */
+  private probeWrite(): void {
+    if (this.writeInFlight || this.redis.status !== "ready") return;
+    this.writeInFlight = true;
+    this.redis.set(this.opts.redisProbeKey, "1", "PX", Math.max(5000, this.opts.timeoutMs * 2)).then(
+      () => this.setRefused(undefined),
+      (err: unknown) => {
+        const why = writeRefusal(err);
+        // anything else (a timeout, a closed connection) is the PING's to tell
+        if (why !== undefined) this.setRefused({ why, message: (err as Error).message });
+      },
+    ).finally(() => (this.writeInFlight = false));
+  }
+
+  private setRefused(r: { why: WriteRefusal; message: string } | undefined): void {
+    this.refused = r;
+    this.writable?.set(r === undefined ? 1 : 0);
   }
 
   /** One probe per dependency at a time: a silent one must not pile them up. */

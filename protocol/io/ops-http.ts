@@ -10,12 +10,18 @@ import { z } from "zod";
 export interface Readiness {
   /** Names of what is not ready; empty when ready. */
   problems(): string[];
+  /** What is wrong with a problem, in words, where there is more to say than its name. */
+  detail?(): Record<string, string>;
 }
 
 /** The /readyz answer (documented in docs/openapi.json from this schema). */
 export const ReadyzSchema = z.object({
   ready: z.boolean(),
   problems: z.array(z.string()).meta({ description: "What is not ready: nats, redis, registry, draining (empty when ready)." }),
+  detail: z
+    .record(z.string(), z.string())
+    .optional()
+    .meta({ description: "Why, for a dependency in `problems`: e.g. `redis`: `refuses writes (oom): OOM command not allowed ...`, or `no answer for 2300 ms`." }),
 });
 
 export function startOpsHttp(port: number, host: string, metrics: Registry, readiness: Readiness): Promise<Server> {
@@ -29,7 +35,8 @@ export function startOpsHttp(port: number, host: string, metrics: Registry, read
       res.writeHead(200, { "content-type": "text/plain" }).end("ok\n");
     } else if (path === "/readyz") {
       const problems = readiness.problems();
-      const body: z.input<typeof ReadyzSchema> = { ready: problems.length === 0, problems };
+      const detail = problems.length === 0 ? {} : (readiness.detail?.() ?? {});
+      const body: z.input<typeof ReadyzSchema> = { ready: problems.length === 0, problems, ...(Object.keys(detail).length > 0 ? { detail } : {}) };
       res
         .writeHead(problems.length === 0 ? 200 : 503, { "content-type": "application/json" })
         .end(JSON.stringify(body) + "\n");

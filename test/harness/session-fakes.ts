@@ -121,7 +121,11 @@ export class FakeMailbox implements MailboxSource {
     return (this.logs.get(shard) ?? []).filter((x) => x.user === user && x.offset > trim).map((x) => this.toEntry(shard, x, null));
   }
 
+  /** Calls of `watermarks`, for tests that count them. */
+  watermarkCalls = 0;
+
   async watermarks(shard: number, user: string): Promise<Watermarks> {
+    this.watermarkCalls++;
     this.check(shard);
     const lanes = new Map<string, MailboxSeq>();
     let head = 0n;
@@ -129,7 +133,7 @@ export class FakeMailbox implements MailboxSource {
       lanes.set(e.lane, e.seq);
       if (e.seq > head) head = e.seq;
     }
-    return { lanes, head, cacheCompleteAfter: undefined, from: "redis" };
+    return { lanes, head, from: "redis" };
   }
 
   async bounds(shard: number): Promise<ShardBounds> {

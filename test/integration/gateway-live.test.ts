@@ -331,7 +331,7 @@ test("gateway live - catch-up is right from the hot cache and, with the user's R
   assert.equal((await fromStream()) - streamBefore, 5);
   const head = (await flushed.next("AUTH_OK")).head;
   assert.equal(head, flushed.entries().at(-1)!.seq, "the head rebuilt from the stream");
-  assert.equal(await r.hget(keys.watermarks(user), "default"), seqKey(head), "watermark written back");
+  assert.equal(await r.exists(keys.watermarks(user)), 0, "not written back: only the worker writes watermarks, in stream order");
   flushed.close();
 
   // after the flush the cache starts again at the next entry: a device behind it is still served
@@ -358,16 +358,27 @@ test("gateway live - catch-up is right from the hot cache and, with the user's R
   near.close();
 
   // a row of another shard in the user's cache (a moved user's cache holds parent and child rows):
-  // the cache cannot say what this shard holds, the stream is read
+  // past the head it changes nothing; inside the range the cache cannot say what this shard holds
+  // (its rows and the other shard's can fail behind each other), so the rest comes from the stream
   const own = near.entries().at(-1)!.seq;
   const foreignSeq = own + (1n << 48n);
-  await r.xadd(keys.hotCache(user), `${foreignSeq >> 48n}-${foreignSeq & 0xffffffffffffn}`, "s", seqKey(foreignSeq), "p", "", "l", "default", "e", "x", "h", "999");
+  await r.xadd(keys.hotCache(user), `${foreignSeq >> 48n}-${foreignSeq & 0xffffffffffffn}`, "s", seqKey(foreignSeq), "p", "", "a", seqKey(own), "l", "default", "e", "x", "h", "999");
+  const cacheBefore3 = await fromCache();
+  const past = await TestDevice.connect(gateway.httpPort);
+  past.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "d1", cursor: upToDate });
+  await past.next("SYNCED");
+  assert.deepEqual(past.entries().map((e) => e.id), ["c10", "c11"], "only this shard's entries");
+  assert.equal((await fromCache()) - cacheBefore3, 2, "the foreign row lies past the head: from the cache");
+  past.close();
+  // c12's row is refused (its id is below the foreign row's): the cache holds c10, c11 and the foreign row
+  await send(12, 13);
+  await waitFor("c12 processed", async () => (await r.hget(keys.watermarks(user), "_all")) !== seqKey(own));
   const streamBefore3 = await fromStream();
   const mixed = await TestDevice.connect(gateway.httpPort);
   mixed.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "d1", cursor: upToDate });
   await mixed.next("SYNCED");
-  assert.deepEqual(mixed.entries().map((e) => e.id), ["c10", "c11"], "only this shard's entries");
-  assert.equal((await fromStream()) - streamBefore3, 2, "from the stream");
+  assert.deepEqual(mixed.entries().map((e) => e.id), ["c10", "c11", "c12"], "every entry, once, in order");
+  assert.equal((await fromStream()) - streamBefore3, 1, "c12 from the stream, after the cache's c10 and c11");
   mixed.close();
   r.disconnect();
 });

@@ -235,16 +235,38 @@ test("session - a lost last push (no later entry): the tail check's fill sends i
   const known = await settled();
   assert.ok(known !== undefined && known > 0n, "a live, idle session has a tail position");
   const before = t.liveSeqs();
-  s.fillTail(); // up to date: reads the watermarks, sends nothing
+  s.fillTail(known + 1n); // a head read a moment ago; the mailbox says the session is up to date: nothing sent
   await new Promise((res) => setTimeout(res, 20));
   assert.deepEqual(t.liveSeqs(), before);
   const lost = r.mailbox.appendPush(0, U); // stored, its push never arrives
   assert.equal(s.tailPosition(), known, "the session does not know of it");
-  s.fillTail();
+  s.fillTail(lost.entry.seq);
   await t.until(() => t.liveSeqs().includes(lost.entry.seq), "the lost entry");
   assert.deepEqual(t.liveSeqs(), [...before, lost.entry.seq]);
   assert.equal(await settled(), lost.entry.seq);
   assert.equal(await r.ports.metrics.tailFills.get().then((m) => m.values[0]!.value), 1);
+});
+
+test("session - a tail check with no head in Redis (the user's hash vanished) asks the mailbox once per position, and sends what it lacks", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  const { s, t } = await auth(r);
+  const settled = async () => {
+    for (let i = 0; i < 50 && s.tailPosition() === undefined; i++) await new Promise((res) => setTimeout(res, 2));
+    return s.tailPosition();
+  };
+  await settled();
+  const lost = r.mailbox.appendPush(0, U); // its push is lost, and Redis lost the head with it
+  const asked = r.mailbox.watermarkCalls;
+  s.fillTail(undefined);
+  await t.until(() => t.liveSeqs().includes(lost.entry.seq), "the lost entry, found by asking the mailbox");
+  assert.equal(r.mailbox.watermarkCalls, asked + 1);
+  await settled();
+  s.fillTail(undefined);
+  s.fillTail(undefined);
+  await new Promise((res) => setTimeout(res, 20));
+  assert.equal(r.mailbox.watermarkCalls, asked + 2, "asked once more at the new position, then not again");
+  assert.equal(t.liveSeqs().filter((x) => x === lost.entry.seq).length, 1);
 });
 
 test("session - a gap fill whose stream does not answer (the port's UnavailableError): UNAVAILABLE and 4503, never 4500", async () => {
