@@ -20,6 +20,11 @@ export interface WorkerOptions {
   nats?: { answering(): boolean; silentMs(): number; timeoutMs: number };
 }
 
+interface Trouble {
+  since: number;
+  message: string;
+}
+
 export type WorkerStatus = { type: "idle" } | { type: "running" } | { type: "stopping" } | { type: "stopped" };
 
 function rendezvous(worker: string, shard: number): string {
@@ -83,7 +88,17 @@ export class Worker {
     if (this.statusValue.type !== "running") return;
     this.jsm ??= await jetstreamManager(this.deps.nc);
     const natsOk = this.opts.nats?.answering() ?? true;
-    const beat = await this.leases.heartbeat(natsOk);
+    // Redis failing until now (refusing writes, say): a lease found expired was that, not a lost key
+    const troubled = this.anyTrouble();
+    let beat;
+    try {
+      beat = await this.leases.heartbeat(natsOk);
+      this.troubleOver("heartbeat");
+    } catch (err) {
+      // no heartbeat (a Redis that refuses writes): keep what is held as long as renewals work
+      this.trouble("heartbeat", err, "cannot heartbeat");
+      return this.renewAll(troubled);
+    }
     this.liveWorkers = beat.live;
     if (beat.redisLost && this.beats > 0) {
       // Redis lost the worker set and the leases (a restart without persistence, FLUSHALL):
@@ -102,8 +117,8 @@ export class Worker {
     }
     this.seenSince = beat.since;
     this.beats++;
-    if (!natsOk) return this.withoutNats(beat.live);
-    await this.renewAll();
+    if (!natsOk) return this.withoutNats(beat.live, troubled);
+    await this.renewAll(troubled);
     if (Date.now() < this.settleUntil) return;
     const active = [...this.deps.registry.state.shards.values()].filter((s) => s.status === "active").map((s) => s.shard);
     const target = Math.ceil(active.length / Math.max(1, this.liveWorkers.length));
@@ -129,7 +144,7 @@ export class Worker {
    * fences this worker's runners. Alone, a worker keeps its shards: nobody could do better, and
    * handing them back would cost every shard an epoch when NATS returns. No new shards meanwhile.
    */
-  private async withoutNats(live: string[]): Promise<void> {
+  private async withoutNats(live: string[], troubled: Trouble | undefined): Promise<void> {
     const others = live.filter((w) => w !== this.deps.workerId);
     // two lease periods past noticing: a worker that lost NATS too (NATS itself stopped) has left
     // the set by then, so shards go only to a worker that can run them
@@ -139,7 +154,7 @@ export class Worker {
       for (const shard of [...this.runners.keys()]) await this.letGo(shard, "NATS not answering");
       return;
     }
-    await this.renewAll();
+    await this.renewAll(troubled);
   }
 
   /** Releases the lease at once; the runner stops when its NATS call in hand answers or times out. */
@@ -167,7 +182,9 @@ export class Worker {
     await runner.start();
   }
 
-  private async renewAll(): Promise<void> {
+  /** `failing`: what went wrong with Redis until now, if anything (a lease found expired is that). */
+  private async renewAll(failing: Trouble | undefined): Promise<void> {
+    let failed = false;
     for (const [shard, runner] of this.runners) {
       if (runner.state.type === "stopped") {
         // Fenced, lost a race, or its consumer ended: let the shard go so someone can take it over.
@@ -180,23 +197,30 @@ export class Worker {
         outcome = await this.leases.renew(shard);
       } catch (err) {
         this.trouble("renew", err, "cannot renew leases");
+        failed = true;
         continue;
       }
-      const failedFor = this.troubles.get("renew");
-      this.troubleOver("renew");
       if (outcome === "lost") {
         this.deps.log.warn({ shard }, "lease lost to another worker");
         await this.drop(shard, "lease lost");
       } else if (outcome === "reacquired") {
         // say which: renewals that failed until it expired, or a Redis that lost the key
-        if (failedFor !== undefined) this.deps.log.warn({ shard, failedMs: Date.now() - failedFor.since, cause: failedFor.message }, "lease expired while its renewals failed: taken again");
+        if (failing !== undefined) this.deps.log.warn({ shard, failedMs: Date.now() - failing.since, cause: failing.message }, "lease expired while its renewals failed: taken again");
         else this.deps.log.warn({ shard }, "lease vanished (Redis lost the key: a flush, a restart without persistence, an eviction): taken again");
       }
     }
+    if (!failed) this.troubleOver("renew");
   }
 
   /** Failures that repeat every tick, by kind: logged when they start and when they change, not each time. */
-  private readonly troubles = new Map<string, { since: number; message: string }>();
+  private readonly troubles = new Map<string, Trouble>();
+
+  /** The oldest failure going on. */
+  private anyTrouble(): Trouble | undefined {
+    let oldest: Trouble | undefined;
+    for (const t of this.troubles.values()) if (oldest === undefined || t.since < oldest.since) oldest = t;
+    return oldest;
+  }
 
   private trouble(kind: string, err: unknown, msg: string): void {
     const message = err instanceof Error ? err.message : String(err);

@@ -24,12 +24,9 @@ export type WriteRefusal = "oom" | "readonly" | "misconf" | "noreplicas";
 
 export function writeRefusal(err: unknown): WriteRefusal | undefined {
   const m = err instanceof Error ? err.message : typeof err === "string" ? err : "";
-  // ioredis prefixes script errors ("ERR Error running script ... OOM command not allowed ...")
-  if (/\bOOM\b/.test(m)) return "oom";
-  if (/\bREADONLY\b/.test(m)) return "readonly";
-  if (/\bMISCONF\b/.test(m)) return "misconf";
-  if (/\bNOREPLICAS\b/.test(m)) return "noreplicas";
-  return undefined;
+  // the error code starts the reply, or follows a script's location ("...: @user_script:14: OOM ...")
+  const code = /(?:^|: )(OOM|READONLY|MISCONF|NOREPLICAS)\b/.exec(m)?.[1];
+  return code === undefined ? undefined : (code.toLowerCase() as WriteRefusal);
 }
 
 /** A Redis silent this many timeouts is reconnected: its TCP connection is presumed dead. */
