@@ -5,7 +5,7 @@
  */
 
 /** The fault suite's faults that a long run can repeat (each leaves the stack as it found it, or bigger). */
-export const FAULTS = ["worker-kill", "gateway-kill", "redis-restart", "nats-restart", "shard-split", "takeover"] as const;
+export const FAULTS = ["worker-kill", "gateway-kill", "redis-restart", "nats-restart", "shard-split", "takeover", "redis-evict", "redis-oom"] as const;
 export type FaultKind = (typeof FAULTS)[number];
 
 /** mulberry32: a small seeded PRNG, so a schedule can be replayed from the printed seed. */

@@ -11,7 +11,8 @@ import { readFile } from "node:fs/promises";
 import { randomInt } from "node:crypto";
 import { parseFlags, usageError } from "../../protocol/index.js";
 import { FaultRun } from "../harness/faults.js";
-import { freePortForTest, initStack, startInfra, type Infra, type JetgateProcess } from "../harness/stack.js";
+import type { Redis } from "ioredis";
+import { freePortForTest, initStack, redisClient, startInfra, type Infra, type JetgateProcess } from "../harness/stack.js";
 import { runCli } from "../harness/cli.js";
 import { sleep, waitFor } from "../harness/wait.js";
 import { faultSchedule, finalLine, formatTable, maxIn, metricValue, rssGrowth, seededRandom, vmRssBytes, type FaultKind, type Row, type Sample } from "./report.js";
@@ -179,7 +180,37 @@ async function soak(opts: Options, infra: Infra): Promise<boolean> {
         await cli(["shard", "takeover", String(shard)]);
         return userOn(shard);
       }
+      case "redis-evict":
+        // as test/faults/redis-memory.test.ts: allkeys-lru just above what Redis holds, apps closed through it
+        return squeezeRedis(minute, async (r) => {
+          await r.config("SET", "maxmemory-policy", "allkeys-lru");
+          await r.config("SET", "maxmemory", String(Number(/used_memory:(\d+)/.exec(await r.info("memory"))![1]) + 256 * 1024));
+        }, 8000);
+      case "redis-oom":
+        // every write refused (noeviction, maxmemory reached): workers wait, nothing is lost
+        return squeezeRedis(minute, async (r) => {
+          await r.config("SET", "maxmemory-policy", "noeviction");
+          await r.config("SET", "maxmemory", "1");
+        }, 5000);
     }
+  };
+
+  /** Redis short of memory for `holdMs` (set by `squeeze`), a fifth of the apps closed through it; then as before. */
+  const squeezeRedis = async (minute: number, squeeze: (r: Redis) => Promise<void>, holdMs: number): Promise<string> => {
+    const r = await redisClient(infra.redis.url);
+    const offline = run.devices.filter((_, i) => i % 5 === minute % 5);
+    const [, policy] = (await r.config("GET", "maxmemory-policy")) as [string, string];
+    try {
+      for (const d of offline) await run.closeApp(d);
+      await squeeze(r);
+      await sleep(holdMs);
+    } finally {
+      await r.config("SET", "maxmemory", "0");
+      await r.config("SET", "maxmemory-policy", policy);
+      r.disconnect();
+      for (const d of offline) await run.reopen(d);
+    }
+    return pick(offline.map((d) => d.user));
   };
 
   try {

@@ -2,12 +2,13 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { FAULTS, faultSchedule, finalLine, formatTable, maxIn, metricValue, rssGrowth, seededRandom, vmRssBytes, type Row, type Sample } from "../soak/report.js";
 
-test("soak schedule: the same seed gives the same faults; every kind once in each 6 minutes", () => {
+test("soak schedule: the same seed gives the same faults; every kind once in each FAULTS.length minutes", () => {
   assert.deepEqual(faultSchedule(42, 30), faultSchedule(42, 30));
   assert.notDeepEqual(faultSchedule(1, 30), faultSchedule(2, 30));
-  const s = faultSchedule(7, 30);
-  assert.equal(s.length, 30);
-  for (let i = 0; i < 30; i += 6) assert.deepEqual([...s.slice(i, i + 6)].sort(), [...FAULTS].sort());
+  const s = faultSchedule(7, 32);
+  assert.equal(s.length, 32);
+  const n = FAULTS.length;
+  for (let i = 0; i + n <= 32; i += n) assert.deepEqual([...s.slice(i, i + n)].sort(), [...FAULTS].sort());
   assert.deepEqual(faultSchedule(7, 3), s.slice(0, 3));
   assert.equal(new Set(faultSchedule(7, 3)).size, 3);
 });

@@ -1,0 +1,65 @@
+/**
+ * The gateway's tail check (gateway/sessions.ts, on a real NATS connection): each second it reads the
+ * heads of that second's live sessions' users and asks a session behind its user's head to read
+ * the rest, and a session whose user has no head in Redis (the watermark hash vanished, with it any
+ * proof that nothing is missing) to ask the stream. A head at or below the session's position
+ * asks nothing.
+ */
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import { connect } from "@nats-io/transport-node";
+import { RegistryClient, type MailboxSeq, type Push } from "../../protocol/index.js";
+import { GatewayMetrics } from "../../gateway/metrics.js";
+import type { HubMember } from "../../gateway/ports.js";
+import { SessionRegistry } from "../../gateway/sessions.js";
+import { initStack, startInfra } from "../harness/stack.js";
+import { waitFor } from "../harness/wait.js";
+
+const infra = await startInfra();
+await initStack(infra.env);
+const nc = await connect({ servers: infra.nats.url });
+const registry = await RegistryClient.open(nc);
+after(async () => {
+  await registry.close();
+  await nc.close();
+  await infra.dispose();
+});
+
+/** A live, idle session at `at` that records what the tail check asks of it. */
+function member(user: string, at: MailboxSeq): HubMember & { asked: (MailboxSeq | undefined)[] } {
+  const asked: (MailboxSeq | undefined)[] = [];
+  return {
+    id: `s-${user}`, user, device: "d1", shard: 0, authAt: 1, asked,
+    close: () => undefined,
+    onPush: (_p: Push) => undefined,
+    onShardChange: () => undefined,
+    tailPosition: () => at,
+    fillTail: (head) => void asked.push(head),
+  };
+}
+
+test("tail check - behind its user's head: asked with the head; no head in Redis: asked with none; up to date: not asked", async () => {
+  const hub = new SessionRegistry(nc, registry, new GatewayMetrics(), 1000, { warn: () => undefined });
+  const behind = member("behind", 5n);
+  const unknown = member("unknown", 5n);
+  const current = member("current", 5n);
+  for (const m of [behind, unknown, current]) {
+    hub.open(m);
+    hub.add(m);
+  }
+  const heads = new Map<string, MailboxSeq | undefined>([["behind", 9n], ["unknown", undefined], ["current", 5n]]);
+  const asked: string[][] = [];
+  try {
+    hub.startTailChecks(1, async (users) => {
+      asked.push([...users]);
+      return users.map((u) => heads.get(u));
+    });
+    await waitFor("a tail check", () => behind.asked.length > 0 && unknown.asked.length > 0, { timeoutMs: 5000 });
+    assert.deepEqual(behind.asked[0], 9n);
+    assert.equal(unknown.asked[0], undefined, "no head: the session asks the stream itself");
+    assert.deepEqual(current.asked, [], "up to date: nothing to read");
+    assert.deepEqual(asked[0]!.sort(), ["behind", "current", "unknown"], "one call for every live session's user");
+  } finally {
+    hub.close();
+  }
+});
