@@ -298,9 +298,18 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
     run.workerPlaces = opts.hosts?.workers ?? [];
     for (let i = 0; i < (opts.workers ?? 2); i++) await run.spawnWorker();
     for (const p of run.gatewayPorts) await run.spawnGateway(p);
-    await waitFor("every shard owned", async () => {
+    // owned and spread: the first worker takes every shard while it is alone and hands the surplus
+    // over when the others join (an epoch bump each); that must happen before the load, or the
+    // scenario's epoch count and duplicates would include it
+    await waitFor("every shard owned, spread over the workers", async () => {
+      const workers = run.live(run.workers);
+      const fair = Math.ceil(run.shardCount / Math.max(1, workers.length));
       let held = 0;
-      for (const w of run.live(run.workers)) held += await w.metric("jetgate_worker_lease_held");
+      for (const w of workers) {
+        const mine = await w.metric("jetgate_worker_lease_held");
+        if (mine > fair) return false;
+        held += mine;
+      }
       return held === run.shardCount;
     }, { timeoutMs: 20_000 });
     await run.startDevices(opts.devicesPerUser ?? 2);
