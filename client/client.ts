@@ -279,15 +279,28 @@ export class JetgateClient {
     this.setState({ type: "connecting", attempt: this.attempt });
     // The entry in the app's hands finishes first: the AUTH cursor must be where applying stopped.
     await this.applying;
-    let token: string;
+    // The whole attempt, the app's token() included, is bounded by connectTimeoutMs: a token
+    // callback that hangs must not hold the client in "connecting" for good.
+    const timeoutMs = this.opts.connectTimeoutMs ?? 10_000;
+    const started = Date.now();
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let token: string | undefined;
     try {
-      token = await this.opts.token();
+      token = await Promise.race([
+        Promise.resolve(this.opts.token()),
+        new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), timeoutMs))),
+      ]);
     } catch {
-      this.scheduleReconnect();
-      return;
+      token = undefined;
+    } finally {
+      clearTimeout(timer);
     }
     // The app may have closed while the token was fetched.
     if ((this.stateValue as ClientState).type === "closed") return;
+    if (token === undefined) {
+      this.scheduleReconnect();
+      return;
+    }
     this.sessionToken = token;
     const urls = typeof this.opts.url === "string" ? [this.opts.url] : this.opts.url;
     const ws = new this.WS(urls[(this.urlBase + this.attempt) % urls.length]!);
@@ -301,7 +314,7 @@ export class JetgateClient {
     ws.onmessage = (ev) => this.onMessage(ev.data);
     ws.onerror = () => undefined; // onclose follows
     ws.onclose = (ev) => this.onClose(ev.code, ev.reason);
-    this.connectTimer = setTimeout(() => this.abandon(DeviceClose.CONNECT_TIMEOUT), this.opts.connectTimeoutMs ?? 10_000);
+    this.connectTimer = setTimeout(() => this.abandon(DeviceClose.CONNECT_TIMEOUT), Math.max(0, timeoutMs - (Date.now() - started)));
   }
 
   private onClose(code: number, reason: string): void {
@@ -402,16 +415,11 @@ export class JetgateClient {
     }
   }
 
-  /**
-   * Sends a fresh token (REFRESH) before the session's one expires, so the gateway does not close
-   * the session at expiry: at 80% of the remaining lifetime, and at least a minute before.
-   */
+  /** Sends a fresh token (REFRESH) before the session's one expires, so the gateway does not close the session at expiry. */
   private scheduleRefresh(expMs: number | undefined): void {
     clearTimeout(this.refreshTimer);
     if (expMs === undefined) return;
-    const left = expMs - Date.now();
-    const delay = Math.min(Math.max(1000, Math.min(left * 0.8, left - 60_000)), 2 ** 31 - 1);
-    this.refreshTimer = setTimeout(() => void this.refresh(), delay);
+    this.refreshTimer = setTimeout(() => void this.refresh(), refreshDelay(expMs - Date.now()));
   }
 
   private async refresh(): Promise<void> {
@@ -655,6 +663,15 @@ export class JetgateClient {
     const c: DeviceCursor = { ...this.token, seq: this.lastApplied };
     this.saveChain = this.saveChain.then(() => this.store.save(c)).catch(() => undefined);
   }
+}
+
+/**
+ * When to refresh a token with `leftMs` to live: after three quarters of it, never sooner than a
+ * second. A fraction of what is left, not "a minute before expiry": with tokens of a minute or less
+ * that asked for a refresh every second, each new token as short as the last.
+ */
+export function refreshDelay(leftMs: number): number {
+  return Math.min(Math.max(1000, Math.floor(leftMs * 0.75)), 2 ** 31 - 1);
 }
 
 /** A JWT's `exp` in ms, read without verifying (only to time a refresh); undefined if unreadable. */

@@ -112,6 +112,11 @@ export class DispatchShapeGuard {
  */
 const idJson = (kind: IdKind) => ({ type: "string", pattern: ID_PATTERN.source, minLength: 1, maxLength: kind === "lane" ? MAX_LANE_LENGTH : MAX_ID_LENGTH });
 
+/** Padded base64: Buffer.from(x, "base64") takes anything and drops what it cannot read ("Q" gave an empty body). */
+const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+/** A high surrogate not followed by a low one, or a low one not after a high one: TextEncoder would write U+FFFD for it. */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
 export const DispatchBodySchema = z
   .strictObject({
     dispatch_id: idSchema("dispatch").meta({ ...idJson("dispatch"), description: "Unique per dispatch; retrying with the same id is safe (deduplicated)." }),
@@ -119,9 +124,17 @@ export const DispatchBodySchema = z
     lane: idSchema("lane").meta({ ...idJson("lane"), description: "One of the gateway's JETGATE_LANES (400 naming `lane` otherwise)." }),
     recipients: idListSchema("user", { min: 1, max: MAX_RECIPIENTS, noun: "recipient" }).meta({ items: idJson("user"), uniqueItems: true, description: "Distinct user ids." }),
     /** The entry body as UTF-8 text ... */
-    body: z.string().meta({ description: "The entry body as UTF-8 text (at most JETGATE_MAX_BODY_BYTES bytes)." }).optional(),
+    body: z
+      .string()
+      .refine((t) => !LONE_SURROGATE.test(t), "must be text: it holds a lone UTF-16 surrogate, which UTF-8 cannot carry (send such bytes as body_b64)")
+      .meta({ description: "The entry body as UTF-8 text (at most JETGATE_MAX_BODY_BYTES bytes); a lone surrogate (\\ud800 without its pair) is a 400." })
+      .optional(),
     /** ... or as base64 bytes. */
-    body_b64: z.string().regex(/^[A-Za-z0-9+/]*={0,2}$/, "must be base64").meta({ description: "The entry body as base64 bytes, instead of `body`." }).optional(),
+    body_b64: z
+      .string()
+      .regex(BASE64, "must be base64: groups of 4 of A-Z a-z 0-9 + /, the last padded with =")
+      .meta({ description: "The entry body as base64 bytes (RFC 4648, padded), instead of `body`." })
+      .optional(),
   })
   .refine((b) => (b.body === undefined) !== (b.body_b64 === undefined), { message: "give exactly one of body and body_b64" })
   .meta({ oneOf: [{ required: ["body"] }, { required: ["body_b64"] }] });

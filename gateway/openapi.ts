@@ -107,9 +107,15 @@ function dispatchOperation(batch: boolean): Json {
         `Bad input, nothing published: \`error\` is \`<field>: <reason>\` and \`field\` names ${fieldPath}. Also as soon as the bytes show a shape no request has (nested too deep, more than 8 fields, more than ${MAX_RECIPIENTS} recipients), and for a body that is not JSON (no \`field\`).`,
       ),
       "401": error("Missing or wrong bearer token."),
-      "413": error(`Over the largest valid request: ${maxDispatchBodyBytes(0)} + 6 x JETGATE_MAX_BODY_BYTES bytes, by Content-Length before reading or counted as the body arrives.`),
-      "500": error("Unexpected failure."),
-      "502": { description: "Some recipients failed: their result has `error` (the others were appended).", ...jsonContent(ref(batch ? "DispatchBatchAnswer" : "DispatchAnswer")) },
+      "413": error(
+        `Nothing appended. Over the largest valid request: ${maxDispatchBodyBytes(0)} + 6 x JETGATE_MAX_BODY_BYTES bytes, by Content-Length before reading or counted as the body arrives; or appending more than JETGATE_DISPATCH_MAX_BYTES (16 MiB by default): recipients x body bytes${batch ? ", summed over the dispatches" : ""}. Split the request.`,
+      ),
+      "500": error("Unexpected failure: whether anything was appended is unknown; retrying with the same dispatch_id is safe."),
+      "502": {
+        description:
+          "Some recipients have `error` in their result; every other recipient's entry was appended. `DISPATCH_REJECTED`: JetStream refused the entry, it was not appended. `DISPATCH_TIMEOUT`: no acknowledgement after every attempt, so it is unknown whether the entry was appended; send the same dispatch again (same dispatch_id): a recipient already appended then answers `duplicate: true` with its seq, and nothing is appended twice.",
+        ...jsonContent(ref(batch ? "DispatchBatchAnswer" : "DispatchAnswer")),
+      },
       "503": {
         description:
           "NATS is down (lost and reconnecting, or closed): nothing was published, `code` is DISPATCH_UNAVAILABLE, retry after Retry-After seconds with the same dispatch_id. Bad input is still 400 first. Also, without `code` or Retry-After, when JETGATE_SERVICE_TOKEN is not set (the API is off).",

@@ -260,6 +260,13 @@ function handleDispatch(
     parseTurns.run(() => {
       const parsed = req.batch ? parseDispatchBatch(raw) : parseDispatchBody(raw);
       if (!parsed.ok) return done("400 Bad Request", { error: parsed.error, field: parsed.field });
+      const appends = appendedBytes("requests" in parsed ? parsed.requests : [parsed.request]);
+      if (appends > config.JETGATE_DISPATCH_MAX_BYTES) {
+        return done("413 Payload Too Large", {
+          error: `recipients: the request appends ${appends} bytes (recipients x body bytes${req.batch ? ", over all its dispatches" : ""}), over JETGATE_DISPATCH_MAX_BYTES (${config.JETGATE_DISPATCH_MAX_BYTES}): split it; nothing was appended`,
+          field: req.batch ? "dispatches" : "recipients",
+        });
+      }
       void ("requests" in parsed ? dispatchBatch(parsed.requests, dispatcher) : dispatchRequest(parsed.request, dispatcher)).then(
         (r) => done(r.status, r.body, r.headers),
         (err: unknown) => {
@@ -291,6 +298,11 @@ const parseTurns = {
     else this.running = false;
   },
 };
+
+/** What dispatching `requests` appends: each body once per recipient. */
+function appendedBytes(requests: readonly ParsedDispatch[]): number {
+  return requests.reduce((n, r) => n + r.recipients.length * r.body.byteLength, 0);
+}
 
 /** `seq` is the mailbox_seq the device sees, as a decimal string (it passes 2^53 at epoch 32); `offset` the stream offset. */
 function resultsJson(results: DispatchResult[]): DispatchResultJson[] {

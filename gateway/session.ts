@@ -577,6 +577,12 @@ export class Session implements HubMember {
       this.p.metrics.authOutcomes.inc({ case: "unauthorized" });
       return this.fail(Disconnect.UNAUTHORIZED, "refresh token is for another user or device");
     }
+    // Verification allows a few seconds of clock skew; a REFRESH must not set an expiry in the past
+    // (it answered REFRESH_OK, then closed with 4401 a moment later)
+    if (claims.expiresAt <= Date.now()) {
+      this.p.metrics.authOutcomes.inc({ case: "unauthorized" });
+      return this.fail(Disconnect.UNAUTHORIZED, "refresh refused: the token has expired");
+    }
     this.armExpiry(claims.expiresAt);
     this.send({ t: "REFRESH_OK", ...(frame.id !== undefined ? { id: frame.id } : {}), exp: claims.expiresAt });
   }

@@ -157,6 +157,8 @@ export const envSchema = z.object({
   JETGATE_DUPLICATE_WINDOW_S: int(1, 86400, 120),
   JETGATE_LANES: lanes,
   JETGATE_MAX_BODY_BYTES: int(1, MAX_BODY_BYTES, 64 * 1024),
+  /** What one HTTP dispatch request may append: recipients x body bytes, over a batch's dispatches. */
+  JETGATE_DISPATCH_MAX_BYTES: int(MAX_BODY_BYTES, 1024 * 1024 * 1024, 16 * 1024 * 1024),
 
   // worker
   JETGATE_WORKER_ID: optionalStr,

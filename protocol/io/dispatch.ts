@@ -7,7 +7,10 @@
  * Ordering guarantee: entries one Dispatcher sends to one user land in that user's mailbox in the
  * order `dispatch` was called, even when a publish times out and is retried. Each user has a chain:
  * the next entry for a user is published only after the previous one is acknowledged (or has
- * failed for good). Different users are pipelined, up to `maxInFlight` publishes at once. A retry
+ * failed for good). Different users are pipelined, up to `maxInFlight` publishes and
+ * `maxInFlightBytes` entry bytes at once. A large dispatch (over a thousand recipients) is validated
+ * and scheduled a thousand recipients per event-loop turn, and calls after it wait their turn, so
+ * the order of calls is kept and no call holds the event loop for long. A retry
  * reuses the Nats-Msg-Id, so JetStream drops the copy inside its duplicate window and the worker's
  * dedup catches one outside it.
  *
@@ -65,7 +68,9 @@ export class DispatchUnavailableError extends JetgateError {
 const DISPATCH_RETRY_AFTER_MS = 2000;
 
 /**
- * One recipient's outcome. `seq` is the mailbox_seq the device sees (a bigint: it passes 2^53 at
+ * One recipient's outcome. An error: `DISPATCH_REJECTED`, JetStream refused it (not appended);
+ * `DISPATCH_TIMEOUT`, no ack after every attempt (unknown: retry the same dispatch, which answers
+ * `duplicate` for an entry that did land). `seq` is the mailbox_seq the device sees (a bigint: it passes 2^53 at
  * epoch 32), derived from the registry at the ack: an epoch change or a split forward between the
  * append and the worker's processing can number the entry differently (devices dedup by
  * message_id). `offset` is the entry's sequence in the shard's stream (the current log).
@@ -84,7 +89,19 @@ export interface DispatcherOptions {
   attempts?: number;
   /** Publishes awaiting an ack at once, over all users. */
   maxInFlight?: number;
+  /**
+   * Entry bytes awaiting an ack at once, over all users (default 8 MiB): what nats.js holds for
+   * its socket. A dispatch to many recipients goes out through this window, never all at once,
+   * so memory and each publish's wait for its ack stay bounded however large the dispatch is.
+   */
+  maxInFlightBytes?: number;
 }
+
+/** Recipients validated or scheduled per event-loop turn, and publishes sent per turn: a large dispatch is sliced. */
+const SLICE = 1000;
+const nextTurn = () => new Promise<void>((r) => setImmediate(r));
+
+type Validated = DispatchRequest & { shards: number[] };
 
 /** Counters of a Dispatcher's life, for metrics. */
 export interface DispatchStats {
@@ -153,6 +170,53 @@ function readAck(data: Uint8Array): { seq?: unknown; duplicate?: unknown; error?
   }
 }
 
+/** Runs a sliced step to its end in this turn. */
+function drain<T>(g: Generator<void, T>): T {
+  for (;;) {
+    const n = g.next();
+    if (n.done === true) return n.value;
+  }
+}
+
+/** Runs a sliced step, one slice per event-loop turn. */
+async function turns<T>(g: Generator<void, T>): Promise<T> {
+  for (;;) {
+    const n = g.next();
+    if (n.done === true) return n.value;
+    await nextTurn();
+  }
+}
+
+/** How many recipients a request names, whatever it holds (validation says what is wrong with it). */
+function recipientCount(req: DispatchRequest): number {
+  return req !== null && typeof req === "object" && Array.isArray(req.recipients) ? req.recipients.length : 0;
+}
+
+/**
+ * A dispatch_id given twice in one batch with anything else different: one of the two would be
+ * dropped as a duplicate (same Nats-Msg-Id), silently. The same dispatch twice is a retry and fine.
+ */
+function repeatedDispatch(reqs: readonly DispatchRequest[]): DispatchValidationError | undefined {
+  const first = new Map<string, number>();
+  for (let i = 0; i < reqs.length; i++) {
+    const r = reqs[i]!;
+    const j = first.get(r.dispatch_id);
+    if (j === undefined) {
+      first.set(r.dispatch_id, i);
+      continue;
+    }
+    const o = reqs[j]!;
+    const differs =
+      r.message_id !== o.message_id ? "message_id"
+      : r.lane !== o.lane ? "lane"
+      : r.recipients.length !== o.recipients.length || r.recipients.some((u, k) => u !== o.recipients[k]) ? "recipients"
+      : Buffer.compare(r.body, o.body) !== 0 ? "body"
+      : undefined;
+    if (differs !== undefined) return new DispatchValidationError(`dispatches.${i}.dispatch_id`, `repeats the dispatch_id of dispatches.${j} with another ${differs}: one of them would be dropped as a duplicate`);
+  }
+  return undefined;
+}
+
 export class Dispatcher {
   readonly stats: DispatchStats = { appended: 0, retries: 0, failed: 0 };
   private readonly prefix = createInbox("_INBOX_JG");
@@ -170,7 +234,12 @@ export class Dispatcher {
   private readonly ackTimeoutMs: number;
   private readonly attempts: number;
   private readonly maxInFlight: number;
+  private readonly maxInFlightBytes: number;
   private inFlight = 0;
+  private inFlightBytesNow = 0;
+  /** The end of the intake of calls made while a large one is sliced; undefined when none is. */
+  private intake: Promise<void> | undefined;
+  private outboxScheduled = false;
   private nextToken = 0;
   private readonly sweeper: ReturnType<typeof setInterval>;
   /** Why NATS cannot be reached now (from the connection's status events); undefined while connected. */
@@ -186,6 +255,7 @@ export class Dispatcher {
     this.ackTimeoutMs = opts.ackTimeoutMs ?? 2000;
     this.attempts = opts.attempts ?? 5;
     this.maxInFlight = opts.maxInFlight ?? 10_000;
+    this.maxInFlightBytes = opts.maxInFlightBytes ?? 8 * 1024 * 1024;
     this.sub = nc.subscribe(`${this.prefix}.*`, { callback: (err, msg) => (err ? undefined : this.onAck(msg)) });
     // One timer for every ack deadline instead of one per publish.
     this.sweeper = setInterval(() => this.sweep(), Math.max(10, Math.min(100, Math.floor(this.ackTimeoutMs / 4))));
@@ -214,12 +284,22 @@ export class Dispatcher {
     return why === undefined ? undefined : new DispatchUnavailableError(`${why}: nothing was published`, DISPATCH_RETRY_AFTER_MS);
   }
 
+  /** Entry bytes of the publishes awaiting an ack now (bounded by `maxInFlightBytes`). */
+  get inFlightBytes(): number {
+    return this.inFlightBytesNow;
+  }
+
   /**
    * Validates the whole request first; throws DispatchValidationError without publishing anything.
    * By hand, not with zod: this is the library's hot path, called per dispatch (a schema parse cost
    * more than the rest of a one-recipient dispatch); the messages are the schema's.
    */
-  validate(req: DispatchRequest): DispatchRequest & { shards: number[] } {
+  validate(req: DispatchRequest): Validated {
+    return drain(this.validation(req));
+  }
+
+  /** `validate`, pausing (yield) after every SLICE recipients. */
+  private *validation(req: DispatchRequest): Generator<void, Validated> {
     const bad = (field: string, message: string) => new DispatchValidationError(field, message);
     if (req === null || typeof req !== "object") throw bad("request", "must be an object");
     for (const k in req) if (!REQUEST_FIELDS.has(k)) throw bad("request", `unrecognized key ${JSON.stringify(k)}`);
@@ -243,6 +323,7 @@ export class Dispatcher {
       const s = map.shardOf(recipients[i]!);
       if (s === undefined) throw bad(`recipients.${i}`, "no shard owns this user: is the registry initialised?");
       shards[i] = s;
+      if ((i + 1) % SLICE === 0) yield;
     }
     if (recipients.length > 1 && new Set(recipients).size !== recipients.length) throw bad("recipients", "recipients must be unique");
     if (!(req.body instanceof Uint8Array)) throw bad("body", "must be bytes");
@@ -256,14 +337,28 @@ export class Dispatcher {
    * reached, in both cases with nothing published.
    */
   dispatch(req: DispatchRequest): Promise<DispatchResult[]> {
-    let r: ReturnType<Dispatcher["validate"]>;
-    try {
-      r = this.validate(req);
-    } catch (err) {
-      return Promise.reject(err instanceof Error ? err : new Error(String(err)));
+    if (this.intake === undefined && recipientCount(req) <= SLICE) {
+      // the common case: all in this turn
+      let r: Validated;
+      try {
+        r = this.validate(req);
+      } catch (err) {
+        return Promise.reject(err instanceof Error ? err : new Error(String(err)));
+      }
+      const down = this.refuseWhileDown();
+      if (down !== undefined) return Promise.reject(down);
+      const call = this.newCall(r);
+      drain(this.appending(r, call));
+      return call.promise;
     }
-    const down = this.refuseWhileDown();
-    return down !== undefined ? Promise.reject(down) : this.append(r);
+    return this.sliced(async () => {
+      const r = await turns(this.validation(req));
+      const down = this.refuseWhileDown();
+      if (down !== undefined) throw down;
+      const call = this.newCall(r);
+      await turns(this.appending(r, call));
+      return { results: call.promise };
+    }).then((x) => x.results);
   }
 
   /**
@@ -272,34 +367,66 @@ export class Dispatcher {
    * then all are appended in array order, so a user's entries keep that order.
    */
   dispatchMany(reqs: readonly DispatchRequest[]): Promise<DispatchResult[][]> {
-    const valid: ReturnType<Dispatcher["validate"]>[] = [];
-    for (const [i, req] of reqs.entries()) {
-      try {
-        valid.push(this.validate(req));
-      } catch (err) {
-        if (err instanceof DispatchValidationError) return Promise.reject(new DispatchValidationError(`dispatches.${i}.${err.field}`, err.reason));
-        return Promise.reject(err instanceof Error ? err : new Error(String(err)));
+    return this.sliced(async () => {
+      const valid: Validated[] = [];
+      for (const [i, req] of reqs.entries()) {
+        try {
+          valid.push(await turns(this.validation(req)));
+        } catch (err) {
+          if (err instanceof DispatchValidationError) throw new DispatchValidationError(`dispatches.${i}.${err.field}`, err.reason);
+          throw err instanceof Error ? err : new Error(String(err));
+        }
       }
-    }
-    const down = this.refuseWhileDown();
-    return down !== undefined ? Promise.reject(down) : Promise.all(valid.map((r) => this.append(r)));
+      const repeat = repeatedDispatch(valid);
+      if (repeat !== undefined) throw repeat;
+      const down = this.refuseWhileDown();
+      if (down !== undefined) throw down;
+      const calls: Promise<DispatchResult[]>[] = [];
+      for (const r of valid) {
+        const call = this.newCall(r);
+        calls.push(call.promise);
+        await turns(this.appending(r, call));
+      }
+      return { results: Promise.all(calls) };
+    }).then((x) => x.results);
   }
 
-  private append(r: ReturnType<Dispatcher["validate"]>): Promise<DispatchResult[]> {
-    const data = encodeStoredEntry({ id: r.message_id, d: r.dispatch_id, ts: Date.now(), b: r.body as Uint8Array<ArrayBuffer> });
-    return new Promise((resolve) => {
-      const call: Call = { results: new Array<DispatchResult>(r.recipients.length), remaining: r.recipients.length, resolve };
-      for (let i = 0; i < r.recipients.length; i++) {
-        const user = r.recipients[i]!;
-        const shard = r.shards[i]!;
-        const h = headers();
-        h.set("Nats-Msg-Id", entryMsgId(r.dispatch_id, user));
-        this.schedule({
-          user, shard, subject: entrySubject(shard, user, r.lane), data, headers: h,
-          attempt: 0, deadline: 0, lastError: "", call, index: i,
-        });
-      }
+  /**
+   * Runs `intake` once every call made before it has scheduled its publishes (the order of calls
+   * is the order of a user's entries), yielding the event loop between its slices. A call's intake
+   * ends when its publishes are scheduled, not when they are acknowledged: it hands its results on
+   * in a wrapper, so the next call need not wait for them.
+   */
+  private sliced<T>(intake: () => Promise<T>): Promise<T> {
+    const run = (this.intake ?? Promise.resolve()).then(intake);
+    const tail = run.then(() => undefined, () => undefined);
+    this.intake = tail;
+    void tail.then(() => {
+      if (this.intake === tail) this.intake = undefined;
     });
+    return run;
+  }
+
+  private newCall(r: Validated): Call & { promise: Promise<DispatchResult[]> } {
+    let resolve!: (x: DispatchResult[]) => void;
+    const promise = new Promise<DispatchResult[]>((res) => (resolve = res));
+    return { results: new Array<DispatchResult>(r.recipients.length), remaining: r.recipients.length, resolve, promise };
+  }
+
+  /** Schedules one publish per recipient (the entry's bytes shared by all), pausing after every SLICE. */
+  private *appending(r: Validated, call: Call): Generator<void, void> {
+    const data = encodeStoredEntry({ id: r.message_id, d: r.dispatch_id, ts: Date.now(), b: r.body as Uint8Array<ArrayBuffer> });
+    for (let i = 0; i < r.recipients.length; i++) {
+      const user = r.recipients[i]!;
+      const shard = r.shards[i]!;
+      const h = headers();
+      h.set("Nats-Msg-Id", entryMsgId(r.dispatch_id, user));
+      this.schedule({
+        user, shard, subject: entrySubject(shard, user, r.lane), data, headers: h,
+        attempt: 0, deadline: 0, lastError: "", call, index: i,
+      });
+      if ((i + 1) % SLICE === 0) yield;
+    }
   }
 
   private schedule(job: Job): void {
@@ -311,26 +438,44 @@ export class Dispatcher {
       return;
     }
     this.users.set(job.user, null);
-    if (this.inFlight < this.maxInFlight) this.send(job);
+    this.admit(job);
+  }
+
+  /** The job (its user's next) takes a slot when there is one, else waits for one, in arrival order. */
+  private admit(job: Job): void {
+    if (this.waiting.length === 0 && this.fits(job)) this.send(job);
     else this.waiting.push(job);
+  }
+
+  /** A slot and room in the byte window (always, when nothing is in flight: a body larger than the window goes alone). */
+  private fits(job: Job): boolean {
+    return this.inFlight === 0 || (this.inFlight < this.maxInFlight && this.inFlightBytesNow + job.data.byteLength <= this.maxInFlightBytes);
   }
 
   /** Takes the job's in-flight slot; it is published with the rest of this event-loop turn's. */
   private send(job: Job): void {
-    if (job.attempt === 0) this.inFlight++;
-    else this.stats.retries++;
+    if (job.attempt === 0) {
+      this.inFlight++;
+      this.inFlightBytesNow += job.data.byteLength;
+    } else this.stats.retries++;
     job.attempt++;
     this.outbox.push(job);
-    if (this.outbox.length === 1) setImmediate(this.publishOutbox);
+    if (!this.outboxScheduled) {
+      this.outboxScheduled = true;
+      setImmediate(this.publishOutbox);
+    }
   }
 
   /**
-   * Publishes every job sent since the last call, in order, in one synchronous run, so nats.js
-   * writes them to the socket together: a caller that awaits each dispatch would otherwise cost one
-   * socket write (and one read in nats-server) per entry.
+   * Publishes the jobs sent since the last call, in order, up to SLICE of them in one synchronous
+   * run, so nats.js writes them to the socket together: a caller that awaits each dispatch would
+   * otherwise cost one socket write (and one read in nats-server) per entry. More wait for the next
+   * turn: ten thousand publishes in one run held the event loop for tens of milliseconds.
    */
   private readonly publishOutbox = (): void => {
-    const jobs = this.outbox.splice(0);
+    const jobs = this.outbox.splice(0, SLICE);
+    if (this.outbox.length > 0) setImmediate(this.publishOutbox);
+    else this.outboxScheduled = false;
     const deadline = Date.now() + this.ackTimeoutMs;
     for (const job of jobs) {
       job.deadline = deadline;
@@ -361,7 +506,9 @@ export class Dispatcher {
     }
     job.lastError = err.message;
     if (job.attempt >= this.attempts) {
-      this.finish(job, { user: job.user, shard: job.shard, error: { code: "DISPATCH_TIMEOUT", message: `no ack after ${this.attempts} attempts: ${err.message}` } });
+      // said as it is: the entry may have landed (only its ack was not seen)
+      const message = `not confirmed after ${this.attempts} attempts (${err.message}): it may or may not have been appended; send the same dispatch again, an appended one answers duplicate`;
+      this.finish(job, { user: job.user, shard: job.shard, error: { code: "DISPATCH_TIMEOUT", message } });
       return;
     }
     // Same Nats-Msg-Id: JetStream drops the copy if the first attempt did land.
@@ -374,18 +521,13 @@ export class Dispatcher {
     const call = job.call;
     call.results[job.index] = result;
     if (--call.remaining === 0) call.resolve(call.results);
-    // The slot passes to this user's next job, else to the next waiting job of another user.
-    const next = this.users.get(job.user)?.shift();
-    if (next !== undefined) {
-      next.attempt = 0;
-      this.inFlight--;
-      this.send(next);
-      return;
-    }
-    this.users.delete(job.user);
     this.inFlight--;
-    const waiting = this.waiting.shift();
-    if (waiting !== undefined) this.send(waiting);
+    this.inFlightBytesNow -= job.data.byteLength;
+    // This user's next job joins the waiting line (it keeps the user's place: later ones wait behind it).
+    const next = this.users.get(job.user)?.shift();
+    if (next !== undefined) this.waiting.push(next);
+    else this.users.delete(job.user);
+    while (this.waiting.length > 0 && this.fits(this.waiting[0]!)) this.send(this.waiting.shift()!);
   }
 
   private onAck(msg: Msg): void {

@@ -178,7 +178,7 @@ test("dispatch - the result's seq is the mailbox_seq the entry is pushed with (a
 });
 
 test("dispatch - dispatchMany: all validated before any is appended; then each user's entries in array order", async () => {
-  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default", "chat"] });
   const before = await streamCount();
   const one = (id: string, recipients: string[]) => ({ dispatch_id: id, message_id: id, lane: "default", recipients, body: new Uint8Array([1]) });
   await assert.rejects(d.dispatchMany([one("dm1", ["ann"]), one("dm2", ["ann", "b.b"])]), (e: unknown) => {
@@ -188,6 +188,21 @@ test("dispatch - dispatchMany: all validated before any is appended; then each u
     return true;
   });
   assert.equal(await streamCount(), before, "nothing of the refused batch was published");
+  // one dispatch_id twice with another body: one would be dropped as a duplicate, silently
+  const other = { ...one("dm3", ["ann"]), body: new Uint8Array([2]) };
+  await assert.rejects(d.dispatchMany([one("dm3", ["ann"]), one("dm4", ["ben"]), other]), (e: unknown) => {
+    assert.ok(e instanceof DispatchValidationError);
+    assert.equal(e.field, "dispatches.2.dispatch_id");
+    assert.match(e.message, /^dispatches\.2\.dispatch_id: repeats the dispatch_id of dispatches\.0 with another body/);
+    return true;
+  });
+  for (const [field, value] of [["message_id", "x"], ["lane", "chat"], ["recipients", ["ben"]]] as const) {
+    await assert.rejects(d.dispatchMany([one("dm5", ["ann"]), { ...one("dm5", ["ann"]), [field]: value }]), new RegExp(`another ${field}`));
+  }
+  assert.equal(await streamCount(), before, "nothing of those batches was published");
+  // the same dispatch twice is a retry: the second is the first's duplicate
+  const twice = await d.dispatchMany([one("dm6", ["ann"]), one("dm6", ["ann"])]);
+  assert.ok("seq" in twice[0]![0]! && "seq" in twice[1]![0]! && twice[1]![0]!.duplicate && twice[1]![0]!.seq === twice[0]![0]!.seq);
   const all = await d.dispatchMany(Array.from({ length: 20 }, (_, i) => one(`dm-ok${i}`, ["ann", "ben"])));
   const seqs = all.map((results) => {
     const r = results[0]!;
@@ -195,5 +210,43 @@ test("dispatch - dispatchMany: all validated before any is appended; then each u
     return r.seq;
   });
   assert.ok(seqs.every((s, i) => i === 0 || s > seqs[i - 1]!), "ann's entries in array order");
+  d.close();
+});
+
+test("dispatch - a dispatch many times the byte window goes out through it: never more in flight, every entry acknowledged within its wait", async () => {
+  // 1,000 x 64 KiB (65.5 MB) at a 1 MiB window, one attempt of 500 ms each: published all at once, the
+  // later acks came after their wait and the answer said DISPATCH_TIMEOUT for entries that landed
+  const window = 1024 * 1024;
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], ackTimeoutMs: 500, attempts: 1, maxInFlightBytes: window });
+  const recipients = Array.from({ length: 1000 }, (_, i) => `win${i}`);
+  let peak = 0;
+  const sample = setInterval(() => (peak = Math.max(peak, d.inFlightBytes)), 1);
+  const before = await streamCount();
+  try {
+    const results = await d.dispatch({ dispatch_id: "win", message_id: "win", lane: "default", recipients, body: new Uint8Array(64 * 1024) });
+    assert.deepEqual(results.filter((r) => "error" in r), [], "every entry confirmed");
+    assert.equal(await streamCount(), before + recipients.length, "each appended once");
+  } finally {
+    clearInterval(sample);
+    d.close();
+  }
+  assert.ok(peak > 0 && peak <= window, `in flight at most the window (peak ${peak})`);
+  assert.equal(d.inFlightBytes, 0);
+});
+
+test("dispatch - a large dispatch is sliced; a smaller call made after it still lands after it for a shared user", async () => {
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
+  const many = Array.from({ length: 3000 }, (_, i) => `slc${i}`);
+  // the big one (sliced over turns), then at once a one-recipient dispatch to its last user
+  const big = d.dispatch({ dispatch_id: "slice-big", message_id: "slice-big", lane: "default", recipients: many, body: new Uint8Array(8) });
+  const small = d.dispatch({ dispatch_id: "slice-small", message_id: "slice-small", lane: "default", recipients: ["slc2999"], body: new Uint8Array(8) });
+  let turns = 0;
+  const counting = setInterval(() => turns++, 0);
+  const [b, s] = await Promise.all([big, small]);
+  clearInterval(counting);
+  const last = b[2999]!;
+  const after = s[0]!;
+  assert.ok("seq" in last && "seq" in after && after.seq > last.seq, "the later call's entry comes after the earlier call's for the same user");
+  assert.ok(turns > 0, "timers ran while it was validated, scheduled and published");
   d.close();
 });

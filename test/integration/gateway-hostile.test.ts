@@ -212,8 +212,9 @@ test("hostile auth - token expiry: a REFRESH with a fresh token keeps the sessio
   dev.close();
 });
 
-test("hostile auth - REFRESH with another user's token, or an expired one, or before AUTH: UNAUTHORIZED, 4401", async () => {
-  for (const token of [await deviceToken("someone-else"), await deviceToken("refresher2", { expiresInS: -10 }), await deviceToken("refresher2", { device: "other" })]) {
+test("hostile auth - REFRESH with another user's token, or an expired one (even inside the clock tolerance), or before AUTH: UNAUTHORIZED, 4401", async () => {
+  // -2 s: verification's 5 s clock tolerance accepts it, but a REFRESH must not move the expiry into the past
+  for (const token of [await deviceToken("someone-else"), await deviceToken("refresher2", { expiresInS: -10 }), await deviceToken("refresher2", { expiresInS: -2 }), await deviceToken("refresher2", { device: "other" })]) {
     const dev = await authed("refresher2");
     dev.send({ t: "REFRESH", token });
     assert.equal((await dev.waitClosed()).code, 4401);

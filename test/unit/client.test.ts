@@ -639,6 +639,37 @@ test("client - refreshes its token before it expires: REFRESH with a fresh token
   assert.ok(issued >= 3, "the app was asked for a token at AUTH and at each refresh");
 });
 
+test("client - refreshDelay: three quarters of what is left, never under a second, so a short token is never a refresh loop", async () => {
+  const { refreshDelay } = await import("../../client/client.js");
+  for (const [left, want] of [
+    [3_600_000, 2_700_000],
+    [60_000, 45_000], // 60 s tokens: once in 45 s (it was every second: "at least a minute before" left nothing)
+    [61_000, 45_750],
+    [2_000, 1_500],
+    [1_000, 1_000],
+    [0, 1_000],
+    [-5_000, 1_000],
+    [10 * 2 ** 31, 2 ** 31 - 1],
+  ] as const) assert.equal(refreshDelay(left), want, `${left} ms left`);
+});
+
+test("client - a token() that never answers is bounded by connectTimeoutMs: the attempt is given up and tried again", async () => {
+  let calls = 0;
+  const { g, client } = await rig(
+    (c) => c.on((f) => f.t === "AUTH" && c.send(authOk(0n), { t: "SYNCED", seq: 0n })),
+    {
+      connectTimeoutMs: 300,
+      // the first call hangs for good; the next ones answer
+      token: () => (++calls === 1 ? new Promise<string>(() => undefined) : "jwt"),
+    },
+  );
+  const t0 = Date.now();
+  await waitFor("live after the hung token() was given up", () => client.state.type === "live", { timeoutMs: 3000 });
+  assert.ok(Date.now() - t0 < 2000, "within the connect timeout and a backoff");
+  assert.ok(calls >= 2, "asked again");
+  assert.equal(g.conns.length, 1, "no socket was opened for the hung attempt");
+});
+
 test("client - tokenExpiry reads exp without verifying, and nothing from garbage", async () => {
   const { tokenExpiry } = await import("../../client/client.js");
   const body = Buffer.from(JSON.stringify({ exp: 1700000000 })).toString("base64url");

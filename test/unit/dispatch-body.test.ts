@@ -83,6 +83,13 @@ test("dispatch body - parse: not JSON, wrong shapes and both bodies get a named 
     [JSON.stringify({ dispatch_id: "a", message_id: "b", lane: "c", recipients: [1], body: "x" }), /^recipients\.0: /],
     [JSON.stringify({ dispatch_id: "a", message_id: "b", lane: "c", recipients: ["u"], body: "x", body_b64: "eA==" }), /exactly one of body and body_b64/],
     [JSON.stringify({ dispatch_id: "a", message_id: "b", lane: "c", recipients: ["u"], body_b64: "not base64!" }), /^body_b64: must be base64/],
+    // Buffer.from("Q", "base64") is an empty buffer: these appended empty or cut bodies
+    [JSON.stringify({ dispatch_id: "a", message_id: "b", lane: "c", recipients: ["u"], body_b64: "Q" }), /^body_b64: must be base64/],
+    [JSON.stringify({ dispatch_id: "a", message_id: "b", lane: "c", recipients: ["u"], body_b64: "AAE" }), /^body_b64: must be base64/],
+    [JSON.stringify({ dispatch_id: "a", message_id: "b", lane: "c", recipients: ["u"], body_b64: "AA=A" }), /^body_b64: must be base64/],
+    // TextEncoder writes U+FFFD for a lone surrogate: the device would get other bytes than were sent
+    [`{"dispatch_id":"a","message_id":"b","lane":"c","recipients":["u"],"body":"x\\ud800y"}`, /^body: must be text: it holds a lone UTF-16 surrogate/],
+    [`{"dispatch_id":"a","message_id":"b","lane":"c","recipients":["u"],"body":"\\udc00"}`, /^body: must be text/],
     [JSON.stringify({ dispatch_id: "a", message_id: "b", lane: "c", recipients: ["u"], body: "x", extra: 1 }), /^request: /],
   ];
   for (const [text, re] of bad) {
@@ -93,6 +100,15 @@ test("dispatch body - parse: not JSON, wrong shapes and both bodies get a named 
   const b64 = parseDispatchBody(Buffer.from(JSON.stringify({ dispatch_id: "a", message_id: "b", lane: "c", recipients: ["u"], body_b64: "AAEC" })));
   assert.ok(b64.ok);
   assert.deepEqual([...b64.request.body], [0, 1, 2]);
+  for (const [text, bytes] of [["", []], ["AA==", [0]], ["AAE=", [0, 1]]] as const) {
+    const r = parseDispatchBody(Buffer.from(JSON.stringify({ dispatch_id: "a", message_id: "b", lane: "c", recipients: ["u"], body_b64: text })));
+    assert.ok(r.ok, text);
+    assert.deepEqual([...r.request.body], bytes);
+  }
+  // a pair is text: an emoji stays what it was
+  const pair = parseDispatchBody(Buffer.from(`{"dispatch_id":"a","message_id":"b","lane":"c","recipients":["u"],"body":"\\ud83d\\ude00"}`));
+  assert.ok(pair.ok);
+  assert.equal(new TextDecoder().decode(pair.request.body), "\u{1F600}");
 });
 
 test("dispatch body - the batch shape: 1000 dispatches, 10,000 recipients over all of them, four levels deep", () => {
