@@ -18,19 +18,40 @@ export const ADMIN_OPENAPI: OpenApiExtension = {
         operationId: "adminPage",
         summary: "The operator console (a page that asks for the admin token)",
         security: [],
-        responses: { "200": { description: "The page; it holds no data.", ...jsonContent(text, undefined, "text/html") }, "404": off },
+        responses: { "200": { description: "The page; it holds no data. Its CSP allows only its own stylesheet and script (no inline script) and no framing.", ...jsonContent(text, undefined, "text/html") }, "404": off },
+      },
+    },
+    "/admin/app.js": {
+      get: {
+        operationId: "adminScript",
+        summary: "The console page's script",
+        security: [],
+        responses: { "200": { description: "The script.", ...jsonContent(text, undefined, "text/javascript") }, "404": off },
+      },
+    },
+    "/admin/app.css": {
+      get: {
+        operationId: "adminStylesheet",
+        summary: "The console page's stylesheet",
+        security: [],
+        responses: { "200": { description: "The stylesheet.", ...jsonContent(text, undefined, "text/css") }, "404": off },
       },
     },
     "/admin/api/state": {
       get: {
         operationId: "adminState",
-        summary: "What the console shows: registry, stream heads, leases, every process's answer to jetgate.ops.stats",
+        summary: "What the console shows: registry, stream heads, leases, every process's answer to jetgate.ops.stats (read once per 1.5 s however many poll it)",
         security: [{ adminToken: [] }],
         responses: {
           "200": { description: "The state now.", ...jsonContent(ref("AdminState")) },
           "401": { description: "Missing or wrong bearer token.", ...jsonContent(ref("AdminError")) },
           "404": off,
-          "503": { description: "The state could not be read (NATS or Redis did not answer).", ...jsonContent(ref("AdminError")) },
+          "429": {
+            description: "Too many wrong tokens from this client address (10, then one every 6 s); try again after Retry-After seconds.",
+            headers: { "Retry-After": { description: "Seconds to wait.", schema: { type: "integer", minimum: 1 } } },
+            ...jsonContent(ref("AdminError")),
+          },
+          "503": { description: "The state could not be read at all; a dependency that did not answer in time is named in the 200's `down` instead.", ...jsonContent(ref("AdminError")) },
         },
       },
     },

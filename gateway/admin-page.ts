@@ -1,16 +1,36 @@
 /**
- * The console page: one self-contained HTML document (no build step, no outside requests: the CSP
- * allows nothing else). It asks for the admin token, keeps it for the tab (sessionStorage), reads
- * /admin/api/state every 2 s and draws it. Every text from the state goes in through textContent.
+ * The console page: an HTML document, its stylesheet and its script, served from the gateway itself
+ * (no build step, no outside requests, no inline script or style: the CSP allows only these). It
+ * asks for the admin token, keeps it for the tab (sessionStorage), reads /admin/api/state every 2 s
+ * and draws it. Every text from the state goes in through textContent.
  */
-export const ADMIN_PAGE = /* html */ `<!doctype html>
+export const ADMIN_HTML = /* html */ `<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>jetgate console</title>
-<style>
-  :root { --bg:#f6f7f9; --card:#fff; --ink:#1d2330; --muted:#6b7385; --line:#e3e6ec; --ok:#1f9d55; --bad:#d64545; --warn:#d68a1a; --bar:#3b6fd8; }
+<link rel="stylesheet" href="/admin/app.css">
+</head>
+<body>
+<header><h1>jetgate console</h1><span class="meta" id="meta">not connected</span><span id="regressions"></span></header>
+<main>
+  <section id="login"><h2>Admin token</h2>
+    <form id="form"><input id="token" type="password" placeholder="JETGATE_ADMIN_TOKEN" autocomplete="off"><button>Open</button><span id="error"></span></form>
+  </section>
+  <section id="down-card" hidden><h2>Not answering</h2><ul id="down"></ul></section>
+  <section id="shards-card" hidden><h2>Shards</h2><table id="shards"></table>
+    <p class="small">Offset use: log offset of the shard's stream against 2^48 (log scale; the mark is ADR-0004's review point, 10%). Epochs used: of 65,536 (log scale; the mark is the review point, 1,000). Lag: entries in the stream after the owning worker's last offset.</p></section>
+  <section id="timeline-card" hidden><h2>Epoch history</h2><div id="timeline"></div><div class="legend small" id="legend"></div></section>
+  <section id="gateways-card" hidden><h2>Gateways</h2><table id="gateways"></table></section>
+  <section id="workers-card" hidden><h2>Workers</h2><table id="workers"></table></section>
+</main>
+<script src="/admin/app.js" defer></script>
+</body>
+</html>
+`;
+
+export const ADMIN_CSS = /* css */ `  :root { --bg:#f6f7f9; --card:#fff; --ink:#1d2330; --muted:#6b7385; --line:#e3e6ec; --ok:#1f9d55; --bad:#d64545; --warn:#d68a1a; --bar:#3b6fd8; }
   * { box-sizing: border-box; }
   body { margin:0; font:14px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; background:var(--bg); color:var(--ink); }
   header { display:flex; align-items:center; gap:16px; padding:12px 20px; background:#1d2330; color:#fff; }
@@ -35,24 +55,12 @@ export const ADMIN_PAGE = /* html */ `<!doctype html>
   input { padding:6px 8px; border:1px solid var(--line); border-radius:4px; width:340px; }
   button { padding:6px 12px; border:0; border-radius:4px; background:var(--bar); color:#fff; cursor:pointer; }
   #error { color:var(--bad); }
+  #down-card { border-color:var(--bad); } #down { margin:0; padding-left:18px; color:var(--bad); }
   svg text { font-size:11px; fill:var(--muted); }
   .legend span { margin-right:14px; }
-</style>
-</head>
-<body>
-<header><h1>jetgate console</h1><span class="meta" id="meta">not connected</span><span id="regressions"></span></header>
-<main>
-  <section id="login"><h2>Admin token</h2>
-    <form id="form"><input id="token" type="password" placeholder="JETGATE_ADMIN_TOKEN" autocomplete="off"><button>Open</button><span id="error"></span></form>
-  </section>
-  <section id="shards-card" hidden><h2>Shards</h2><table id="shards"></table>
-    <p class="small">Offset use: log offset of the shard's stream against 2^48 (log scale; the mark is ADR-0004's review point, 10%). Epochs used: of 65,536 (log scale; the mark is the review point, 1,000). Lag: entries in the stream after the owning worker's last offset.</p></section>
-  <section id="timeline-card" hidden><h2>Epoch history</h2><div id="timeline"></div><div class="legend small" id="legend"></div></section>
-  <section id="gateways-card" hidden><h2>Gateways</h2><table id="gateways"></table></section>
-  <section id="workers-card" hidden><h2>Workers</h2><table id="workers"></table></section>
-</main>
-<script>
-"use strict";
+`;
+
+export const ADMIN_JS = /* js */ `"use strict";
 const $ = (id) => document.getElementById(id);
 const CAUSE = { init:"#8a94a6", takeover:"#3b6fd8", split:"#1f9d55", merge:"#7b4fd6", rebuild:"#d68a1a", failover:"#d64545" };
 function h(tag, attrs, ...kids) {
@@ -89,6 +97,12 @@ function render(st) {
   const regressions = st.processes.reduce((n, p) => n + p.regressions, 0);
   $("regressions").replaceChildren(h("span", { class: "pill " + (regressions === 0 ? "ok" : "bad") }, "regressions " + regressions));
   $("meta").textContent = "via gateway " + st.gateway + " · registry record " + st.registry.record + " · " + new Date(st.at).toLocaleTimeString();
+  // what did not answer in time: the rest of the page is what did
+  const down = st.down.map((d) => d.dependency + " (" + d.what + "): " + d.error);
+  const dropped = st.replies.unverified + st.replies.tooLarge + st.replies.invalid;
+  if (dropped > 0) down.push("NATS: " + dropped + " process answers dropped (" + st.replies.unverified + " unsigned or wrongly signed, " + st.replies.tooLarge + " too large, " + st.replies.invalid + " unreadable)");
+  $("down-card").hidden = down.length === 0;
+  $("down").replaceChildren(...down.map((d) => h("li", {}, d)));
   const maxOffset = Number(st.limits.maxOffset);
   const workerShard = new Map();
   for (const p of st.processes) for (const s of p.shards || []) workerShard.set(s.shard, { worker: p.id, ...s });
@@ -155,9 +169,9 @@ async function refresh() {
   if (!token) return;
   try {
     const res = await fetch("/admin/api/state", { headers: { authorization: "Bearer " + token } });
-    if (res.status === 401) {
+    if (res.status === 401 || res.status === 429) {
       $("login").hidden = false;
-      $("error").textContent = "wrong token";
+      $("error").textContent = res.status === 401 ? "wrong token" : "too many wrong tokens: try again in " + (res.headers.get("retry-after") || "a few") + " s";
       token = "";
       return;
     }
@@ -171,7 +185,4 @@ async function refresh() {
 }
 refresh();
 setInterval(refresh, 2000);
-</script>
-</body>
-</html>
 `;

@@ -94,9 +94,9 @@ export async function runGateway(env: Record<string, string | undefined> = proce
     },
     detail: () => health.detail(),
   });
-  const stats = answerStats(nc, { kind: "gateway", id: gatewayId, regressions: metrics.regressions, health, extra: () => ({ connections: sessions.all.size }) });
+  const stats = answerStats(nc, { kind: "gateway", id: gatewayId, regressions: metrics.regressions, health, extra: () => ({ connections: sessions.all.size }) }, config.JETGATE_OPS_KEY);
   let jsm: Promise<JetStreamManager> | undefined;
-  const admin = { gatewayId, nc, jsm: () => (jsm ??= jetstreamManager(nc)), redis, keys, registry };
+  const admin = { gatewayId, nc, jsm: () => (jsm ??= jetstreamManager(nc)), redis, keys, registry, opsKeys: config.JETGATE_OPS_KEY };
   const server = await startServer(uws, config, ctx, dispatcher, () => health.problems(), admin);
   log.info({ port: server.port, opsPort: (ops.address() as AddressInfo).port, native }, "gateway listening");
 

@@ -30,6 +30,11 @@ export class TokenBucket {
     return false;
   }
 
+  /** Tokens there are at `now`, without taking one. */
+  peek(now: number): number {
+    return Math.min(this.burst, this.tokens + ((now - this.at) / 1000) * this.perSecond);
+  }
+
   /** True when the caller is deeper in debt than allowed (always false without debt). */
   get exhausted(): boolean {
     return this.debt > 0 && this.tokens < -this.debt;

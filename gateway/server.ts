@@ -55,6 +55,11 @@ export function startServer(
   const app = uws.App();
   let upgrades = true;
   const perIp = new Map<string, number>();
+  /** The client's address: the last X-Forwarded-For hop behind a proxy that sets it (JETGATE_TRUST_FORWARDED_FOR), else the socket's. */
+  const clientAddress = (res: Uws.HttpResponse, req: Uws.HttpRequest): string => {
+    const forwarded = config.JETGATE_TRUST_FORWARDED_FOR ? req.getHeader("x-forwarded-for").split(",").pop()?.trim() : undefined;
+    return forwarded || Buffer.from(res.getRemoteAddressAsText()).toString();
+  };
   const ipLimit = config.JETGATE_MAX_CONNS_PER_IP;
   app.ws<SocketData>("/v1/ws", {
     maxPayloadLength: config.JETGATE_MAX_PAYLOAD * 2, // hard stop; the session answers 4413 above the configured limit
@@ -74,8 +79,7 @@ export function startServer(
         res.writeStatus("503 Service Unavailable").end(`dependency not answering: ${down.join(", ")}`);
         return;
       }
-      const forwarded = config.JETGATE_TRUST_FORWARDED_FOR ? req.getHeader("x-forwarded-for").split(",").pop()?.trim() : undefined;
-      const ip = forwarded || Buffer.from(res.getRemoteAddressAsText()).toString();
+      const ip = clientAddress(res, req);
       const open = perIp.get(ip) ?? 0;
       if (ipLimit > 0 && open >= ipLimit) {
         ctx.metrics.refusedUpgrades.inc({ reason: "per_ip" });
@@ -135,7 +139,7 @@ export function startServer(
   const openapi = openApiJson();
   app.get("/v1/openapi.json", (res) => void res.writeHeader("content-type", "application/json").end(openapi));
   if (config.JETGATE_DEMO_DIR !== undefined && config.JETGATE_ENV === "development") serveDemo(app, config, config.JETGATE_DEMO_DIR);
-  if (admin !== undefined) serveAdmin(app, config, admin);
+  if (admin !== undefined) serveAdmin(app, config, admin, clientAddress);
   app.any("/*", (res) => void res.writeStatus("404 Not Found").end("not found\n"));
 
   return new Promise((resolve, reject) => {

@@ -190,6 +190,8 @@ export const envSchema = z.object({
   /** Longest a device token may still be valid for (exp - now, and exp - iat when it has iat). */
   JETGATE_JWT_MAX_LIFETIME_S: int(60, 366 * 86400, 86400),
   JETGATE_CURSOR_KEYS: keyList,
+  /** Signs the processes' answers on jetgate.ops.stats; the console takes only signed ones when set. */
+  JETGATE_OPS_KEY: keyList,
   JETGATE_SERVICE_TOKEN: optionalStr,
   /** Turns the operator console on (`/admin/`, read-only) and is the bearer token it needs. */
   JETGATE_ADMIN_TOKEN: optionalStr.pipe(z.string().min(16, "must be at least 16 characters").optional()),
@@ -221,6 +223,26 @@ export const envSchema = z.object({
 
 export type Env = z.output<typeof envSchema>;
 export const ENV_VARS = Object.keys(envSchema.shape) as (keyof Env)[];
+
+/** Least length and estimated entropy of a production admin token. */
+export const ADMIN_TOKEN_MIN_LENGTH = 32;
+export const ADMIN_TOKEN_MIN_BITS = 96;
+
+/**
+ * Why a token is too weak to guard the console in production, or undefined. Its entropy is
+ * estimated from its own characters (Shannon, per character, times its length): a random base64 or
+ * hex string of 32 characters passes, `aaaa...` or a word repeated does not. An estimate, not a
+ * proof: it only keeps out what any guesser would try first.
+ */
+export function adminTokenProblem(token: string): string | undefined {
+  if (token.length < ADMIN_TOKEN_MIN_LENGTH) return `must be at least ${ADMIN_TOKEN_MIN_LENGTH} characters (has ${token.length})`;
+  const counts = new Map<string, number>();
+  for (const ch of token) counts.set(ch, (counts.get(ch) ?? 0) + 1);
+  let perChar = 0;
+  for (const n of counts.values()) perChar -= (n / token.length) * Math.log2(n / token.length);
+  const bits = Math.floor(perChar * token.length);
+  return bits < ADMIN_TOKEN_MIN_BITS ? `looks guessable (about ${bits} bits from ${counts.size} distinct characters; at least ${ADMIN_TOKEN_MIN_BITS} are required)` : undefined;
+}
 
 /** Development-only secrets: never used when JETGATE_ENV=production (the real ones are required). */
 const DEV_CURSOR_KEY = new Uint8Array(Buffer.from("jetgate-development-cursor-key-do-not-use-in-production"));
@@ -261,6 +283,8 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       if (c.JETGATE_FAULT_EXIT_AFTER !== "") problems.push("JETGATE_FAULT_EXIT_AFTER: test-only; refused when JETGATE_ENV=production");
       if (c.JETGATE_FAULT_AUTH_PAUSE_MS !== 0) problems.push("JETGATE_FAULT_AUTH_PAUSE_MS: test-only; refused when JETGATE_ENV=production");
       if (c.JETGATE_DEMO_DIR !== undefined) problems.push("JETGATE_DEMO_DIR: the demo page hands out tokens; refused when JETGATE_ENV=production");
+      const weak = c.JETGATE_ADMIN_TOKEN === undefined ? undefined : adminTokenProblem(c.JETGATE_ADMIN_TOKEN);
+      if (weak !== undefined) problems.push(`JETGATE_ADMIN_TOKEN: ${weak} when JETGATE_ENV=production (make one with: openssl rand -base64 32)`);
     }
     if (c.JETGATE_JWT_PREVIOUS_SECRET !== undefined && c.JETGATE_JWT_SECRET === undefined) problems.push("JETGATE_JWT_PREVIOUS_SECRET: needs JETGATE_JWT_SECRET");
     const natsAuth = (["JETGATE_NATS_USER", "JETGATE_NATS_TOKEN", "JETGATE_NATS_CREDS_FILE", "JETGATE_NATS_NKEY_SEED_FILE"] as const).filter((k) => c[k] !== undefined);

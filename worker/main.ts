@@ -55,7 +55,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
   const stats = answerStats(nc, {
     kind: "worker", id: workerId, regressions: metrics.regressions, health,
     extra: () => ({ shards: worker.owned().map((s) => ({ shard: s.shard, offset: s.offset, ...(s.epoch !== undefined ? { epoch: s.epoch } : {}), ...(s.lag !== undefined ? { lag: s.lag } : {}) })) }),
-  });
+  }, config.JETGATE_OPS_KEY);
   log.info({ port: (http.address() as AddressInfo).port }, "worker http listening");
   worker.start();
 

@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { chromium, type Browser } from "playwright-core";
 import { AdminStateSchema } from "../../gateway/admin.js";
-import { startStack, spawnGateway, spawnWorker, type JetgateProcess } from "../harness/stack.js";
+import { redisClient, startStack, spawnGateway, spawnWorker, type JetgateProcess } from "../harness/stack.js";
 import { runCli } from "../harness/cli.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { waitFor } from "../harness/wait.js";
@@ -59,6 +59,107 @@ test("console - the state needs the token (401 without or wrong), and has every 
   assert.equal(st.limits.maxOffset, String(2n ** 48n - 1n));
   assert.ok(st.processes.every((p) => p.regressions === 0 && p.dependencies.nats && p.dependencies.redis));
   assert.equal(st.processes.filter((p) => p.kind === "worker").flatMap((w) => w.shards ?? []).length, 2, "every shard run by one worker");
+});
+
+test("console - the page, its script and stylesheet: a CSP without inline script or style and no framing, nosniff, DENY", async () => {
+  const page = await fetch(`${base()}/admin/`);
+  assert.equal(page.status, 200);
+  const csp = page.headers.get("content-security-policy") ?? "";
+  assert.match(csp, /script-src 'self'/);
+  assert.match(csp, /style-src 'self'/);
+  assert.match(csp, /frame-ancestors 'none'/);
+  assert.doesNotMatch(csp, /unsafe-inline/);
+  assert.equal(page.headers.get("x-frame-options"), "DENY");
+  assert.equal(page.headers.get("x-content-type-options"), "nosniff");
+  const html = await page.text();
+  assert.doesNotMatch(html, /<script>|<script(?![^>]*\ssrc=)[^>]*>|<style/, "no inline script or style");
+  assert.match(html, /<script src="\/admin\/app\.js" defer><\/script>/);
+  for (const [path, type] of [["/admin/app.js", "text/javascript"], ["/admin/app.css", "text/css"]] as const) {
+    const res = await fetch(`${base()}${path}`);
+    assert.equal(res.status, 200, path);
+    assert.match(res.headers.get("content-type") ?? "", new RegExp(`^${type}`));
+    assert.equal(res.headers.get("x-content-type-options"), "nosniff");
+    assert.ok((await res.text()).length > 1000, path);
+  }
+  const st = await state(TOKEN);
+  assert.equal(st.headers.get("x-content-type-options"), "nosniff");
+  assert.equal(st.headers.get("cache-control"), "no-store");
+});
+
+test("console - wrong tokens are throttled per client address: after 10, 429 with Retry-After, even for the right token", async () => {
+  const g = await spawnGateway(stack.infra.env, { JETGATE_ADMIN_TOKEN: TOKEN });
+  try {
+    const at = (token: string) => fetch(`http://127.0.0.1:${g.httpPort}/admin/api/state`, { headers: { authorization: `Bearer ${token}` } });
+    for (let i = 0; i < 10; i++) assert.equal((await at(`wrong-token-${i}`)).status, 401, `attempt ${i}`);
+    const throttled = await at("wrong-again");
+    assert.equal(throttled.status, 429);
+    const retry = Number(throttled.headers.get("retry-after"));
+    assert.ok(retry >= 1 && retry <= 6, `Retry-After ${retry}`);
+    assert.match(((await throttled.json()) as { error: string }).error, /^too many wrong tokens from this address: try again in \d+ s$/);
+    assert.equal((await at(TOKEN)).status, 429, "a guesser cannot tell the right token while throttled");
+  } finally {
+    await g.kill();
+  }
+});
+
+test("console - the state is read once however many tabs poll: 20 polls at once, one request on jetgate.ops.stats", async () => {
+  const g = await spawnGateway(stack.infra.env, { JETGATE_ADMIN_TOKEN: TOKEN });
+  const requests = stack.nc.subscribe("jetgate.ops.stats");
+  let seen = 0;
+  void (async () => {
+    for await (const _ of requests) seen++;
+  })();
+  try {
+    await stack.nc.flush();
+    const polls = await Promise.all(Array.from({ length: 20 }, () => fetch(`http://127.0.0.1:${g.httpPort}/admin/api/state`, { headers: { authorization: `Bearer ${TOKEN}` } })));
+    assert.ok(polls.every((r) => r.status === 200));
+    assert.equal(seen, 1, "one stats request for 20 polls");
+  } finally {
+    requests.unsubscribe();
+    await g.kill();
+  }
+});
+
+test("console - with JETGATE_OPS_KEY only signed answers are shown: a fake worker's, and unsigned ones, are counted, not shown; an oversized answer is not read", async () => {
+  const key = Buffer.alloc(32, 9).toString("base64");
+  const g = await spawnGateway(stack.infra.env, { JETGATE_ADMIN_TOKEN: TOKEN, JETGATE_OPS_KEY: key });
+  const fake = stack.nc.subscribe("jetgate.ops.stats", {
+    callback: (_e, m) => void m.respond(JSON.stringify({ kind: "worker", id: "fake", startedAt: 0, regressions: 123456, dependencies: { nats: true, redis: true }, shards: [{ shard: 0, offset: 0, lag: 0 }] })),
+  });
+  const flood = stack.nc.subscribe("jetgate.ops.stats", { callback: (_e, m) => void m.respond(new Uint8Array(600 * 1024)) });
+  try {
+    await stack.nc.flush();
+    const st = AdminStateSchema.parse(await (await fetch(`http://127.0.0.1:${g.httpPort}/admin/api/state`, { headers: { authorization: `Bearer ${TOKEN}` } })).json());
+    assert.deepEqual(st.processes.map((p) => p.kind), ["gateway"], "only the keyed gateway's own answer");
+    assert.ok(st.processes.every((p) => p.regressions === 0));
+    assert.ok(st.replies.unverified >= 4, `the fake and the processes without the key (${JSON.stringify(st.replies)})`);
+    assert.equal(st.replies.tooLarge, 1);
+  } finally {
+    fake.unsubscribe();
+    flood.unsubscribe();
+    await g.kill();
+  }
+});
+
+test("console - a dependency that does not answer is named, the rest shown: Redis paused, the state within 3 s with `down` naming the lease read", async () => {
+  const g = await spawnGateway(stack.infra.env, { JETGATE_ADMIN_TOKEN: TOKEN });
+  const r = await redisClient(stack.infra.redis.url);
+  try {
+    assert.equal(await r.call("CLIENT", "PAUSE", "5000", "ALL"), "OK");
+    const t0 = Date.now();
+    const res = await fetch(`http://127.0.0.1:${g.httpPort}/admin/api/state`, { headers: { authorization: `Bearer ${TOKEN}` } });
+    const ms = Date.now() - t0;
+    assert.equal(res.status, 200);
+    const st = AdminStateSchema.parse(await res.json());
+    assert.ok(ms < 3000, `answered in ${ms} ms`);
+    assert.deepEqual(st.down.map((d) => [d.dependency, d.what]), [["redis", "lease holders"]]);
+    assert.match(st.down[0]!.error, /^no answer in 1500 ms$/);
+    assert.equal(st.registry.shards.length > 0 && st.streams.every((s) => s.error === undefined), true, "what answered is shown");
+  } finally {
+    await r.call("CLIENT", "UNPAUSE").catch(() => undefined);
+    r.disconnect();
+    await g.kill();
+  }
 });
 
 test("console - in Chromium: the token, the shards with their bars, the processes, and a split done with the CLI appears", async () => {

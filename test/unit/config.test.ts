@@ -1,6 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { loadConfig, ConfigError, ENV_VARS } from "../../protocol/index.js";
+import { randomBytes } from "node:crypto";
+import { loadConfig, ConfigError, ENV_VARS, adminTokenProblem } from "../../protocol/index.js";
 
 const key = Buffer.alloc(32, 1).toString("base64url");
 
@@ -87,6 +88,27 @@ test("config - production with its secrets set is accepted", () => {
   const c = loadConfig({ JETGATE_ENV: "production", JETGATE_CURSOR_KEYS: key, JETGATE_JWT_SECRET: "s" });
   assert.equal(c.JETGATE_CURSOR_KEYS.length, 1);
   assert.ok(ENV_VARS.includes("JETGATE_NATS_URL"));
+});
+
+test("config - a production admin token must be long and not guessable; development keeps the 16-character floor", () => {
+  const prod = (t: string) => () => loadConfig({ JETGATE_ENV: "production", JETGATE_CURSOR_KEYS: key, JETGATE_JWT_SECRET: "s", JETGATE_ADMIN_TOKEN: t });
+  for (const weak of ["aaaaaaaaaaaaaaaa", "a".repeat(64), "passwordpasswordpasswordpassword", "0123456789abcdef"]) {
+    assert.throws(prod(weak), (e: unknown) => e instanceof ConfigError && /JETGATE_ADMIN_TOKEN: (must be at least 32 characters|looks guessable).*openssl rand -base64 32/.test(e.message), weak);
+  }
+  for (const strong of [randomBytes(32).toString("base64"), randomBytes(32).toString("hex"), randomBytes(24).toString("base64url")]) {
+    assert.equal(adminTokenProblem(strong), undefined, strong);
+    assert.equal(prod(strong)().JETGATE_ADMIN_TOKEN, strong);
+  }
+  assert.match(adminTokenProblem("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")!, /looks guessable \(about 0 bits from 1 distinct characters/);
+  assert.equal(loadConfig({ JETGATE_ADMIN_TOKEN: "aaaaaaaaaaaaaaaa" }).JETGATE_ADMIN_TOKEN, "aaaaaaaaaaaaaaaa", "development: 16 characters are enough");
+});
+
+test("config - JETGATE_OPS_KEY: base64 keys of at least 32 bytes, named when not", () => {
+  const k = Buffer.alloc(32, 1).toString("base64");
+  assert.equal(loadConfig({ JETGATE_OPS_KEY: `${k},${k}` }).JETGATE_OPS_KEY!.length, 2);
+  assert.equal(loadConfig({}).JETGATE_OPS_KEY, undefined);
+  assert.throws(() => loadConfig({ JETGATE_OPS_KEY: Buffer.alloc(16).toString("base64") }), /JETGATE_OPS_KEY: key 0 decodes to 16 bytes; at least 32 are required/);
+  assert.throws(() => loadConfig({ JETGATE_OPS_KEY: "not base64!" }), /JETGATE_OPS_KEY: key 0 is not base64/);
 });
 
 test("config - docs/config.md documents exactly the variables of the schema", async () => {
