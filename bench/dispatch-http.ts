@@ -5,6 +5,8 @@
  * nats-server and redis-server, as the tests start them.
  *
  *   npm run bench:dispatch-http -- [--runs 3] [--json]
+ * SHAPES=1,3 runs some of the shapes (by index); MAX_BYTES sets the gateway's JETGATE_DISPATCH_MAX_BYTES;
+ * NO_WORKER=1 runs no worker; JETGATE_HARNESS_DIST=1 runs the compiled build (npm run build first).
  */
 import { parseArgs } from "node:util";
 import { readFileSync } from "node:fs";
@@ -24,7 +26,8 @@ interface Shape {
   body: number;
 }
 
-const SHAPES: Shape[] = [
+const ONLY = process.env.SHAPES === undefined ? undefined : new Set(process.env.SHAPES.split(","));
+const SHAPES_ALL: Shape[] = [
   { name: "1 x 16 B", parallel: 1, batch: false, dispatches: 1, recipients: 1, body: 16 },
   { name: "10,000 x 16 B", parallel: 1, batch: false, dispatches: 1, recipients: 10_000, body: 16 },
   { name: "batch 10 x 1,000 x 16 B", parallel: 1, batch: true, dispatches: 10, recipients: 1000, body: 16 },
@@ -33,7 +36,11 @@ const SHAPES: Shape[] = [
   { name: "batch 5 x 2,000 x 1,677 B (16 MiB)", parallel: 1, batch: true, dispatches: 5, recipients: 2000, body: 1677 },
   { name: "2 in parallel, 256 x 64 KiB", parallel: 2, batch: false, dispatches: 1, recipients: 256, body: 64 * 1024 },
   { name: "10,000 x 64 KiB (refused)", parallel: 1, batch: false, dispatches: 1, recipients: 10_000, body: 64 * 1024 },
+  // past the default limit: with MAX_BYTES=1073741824 it shows memory bounded by the publish window, not by what is appended
+  { name: "2,000 x 64 KiB (131 MB)", parallel: 1, batch: false, dispatches: 1, recipients: 2000, body: 64 * 1024 },
 ];
+/** SHAPES=1,3 (indexes) runs only those. */
+const SHAPES = SHAPES_ALL.filter((_, i) => ONLY === undefined || ONLY.has(String(i)));
 
 function rss(pid: number): number {
   const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
@@ -58,8 +65,9 @@ const infra = await startInfra({ JETGATE_SHARDS: "4", JETGATE_SERVICE_TOKEN: "sv
 const rows: Record<string, number | string>[] = [];
 try {
   await initStack(infra.env);
-  const worker = await spawnWorker(infra.env);
-  const gateway = await spawnGateway(infra.env);
+  // NO_WORKER=1: the gateway alone with the servers (the worker's processing of what is appended competes for the same cores otherwise)
+  const worker = process.env.NO_WORKER === "1" ? undefined : await spawnWorker(infra.env);
+  const gateway = await spawnGateway(infra.env, process.env.MAX_BYTES === undefined ? {} : { JETGATE_DISPATCH_MAX_BYTES: process.env.MAX_BYTES });
   const bystander = await TestDevice.connect(gateway.httpPort);
   bystander.send({ t: "AUTH", v: 1, token: await deviceToken("bystander"), device: "d1" });
   await bystander.next("SYNCED");
@@ -113,7 +121,7 @@ try {
   if (values.json) for (const r of rows) console.log(JSON.stringify({ bench: "dispatch-http", ...r }));
   bystander.close();
   await gateway.kill();
-  await worker.kill();
+  await worker?.kill();
 } finally {
   await infra.dispose();
 }

@@ -8,8 +8,8 @@
  * order `dispatch` was called, even when a publish times out and is retried. Each user has a chain:
  * the next entry for a user is published only after the previous one is acknowledged (or has
  * failed for good). Different users are pipelined, up to `maxInFlight` publishes and
- * `maxInFlightBytes` entry bytes at once. A large dispatch (over a thousand recipients) is validated
- * and scheduled a thousand recipients per event-loop turn, and calls after it wait their turn, so
+ * `maxInFlightBytes` entry bytes at once. A large dispatch (over 500 recipients) is validated
+ * and scheduled 500 recipients per event-loop turn, and calls after it wait their turn, so
  * the order of calls is kept and no call holds the event loop for long. A retry
  * reuses the Nats-Msg-Id, so JetStream drops the copy inside its duplicate window and the worker's
  * dedup catches one outside it.
@@ -17,7 +17,7 @@
  * A result's `seq` is the mailbox_seq of the entry (epoch << 48 | offset), derived from the registry
  * state as this Dispatcher sees it when the ack arrives; `offset` is the stream sequence.
  */
-import { createInbox, headers, type Msg, type MsgHdrs, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { createInbox, headers, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { JetgateError } from "../errors.js";
 import { MAX_BODY_BYTES } from "../frames.js";
 import { idProblem } from "../ids.js";
@@ -98,7 +98,7 @@ export interface DispatcherOptions {
 }
 
 /** Recipients validated or scheduled per event-loop turn, and publishes sent per turn: a large dispatch is sliced. */
-const SLICE = 1000;
+const SLICE = 500;
 const nextTurn = () => new Promise<void>((r) => setImmediate(r));
 
 type Validated = DispatchRequest & { shards: number[] };
@@ -125,7 +125,8 @@ interface Job {
   shard: number;
   subject: string;
   data: Uint8Array;
-  headers: MsgHdrs;
+  /** Its Nats-Msg-Id; the headers are built at each publish, so a queued job holds a string, not a header map. */
+  msgId: string;
   attempt: number;
   deadline: number;
   lastError: string;
@@ -419,10 +420,8 @@ export class Dispatcher {
     for (let i = 0; i < r.recipients.length; i++) {
       const user = r.recipients[i]!;
       const shard = r.shards[i]!;
-      const h = headers();
-      h.set("Nats-Msg-Id", entryMsgId(r.dispatch_id, user));
       this.schedule({
-        user, shard, subject: entrySubject(shard, user, r.lane), data, headers: h,
+        user, shard, subject: entrySubject(shard, user, r.lane), data, msgId: entryMsgId(r.dispatch_id, user),
         attempt: 0, deadline: 0, lastError: "", call, index: i,
       });
       if ((i + 1) % SLICE === 0) yield;
@@ -482,7 +481,9 @@ export class Dispatcher {
       const token = (this.nextToken++).toString(36);
       this.pending.set(token, job);
       try {
-        this.nc.publish(job.subject, job.data, { reply: `${this.prefix}.${token}`, headers: job.headers });
+        const h = headers();
+        h.set("Nats-Msg-Id", job.msgId);
+        this.nc.publish(job.subject, job.data, { reply: `${this.prefix}.${token}`, headers: h });
       } catch (err) {
         this.pending.delete(token);
         this.failedAttempt(job, new AckError(err instanceof Error ? err.message : String(err), true));
