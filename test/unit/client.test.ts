@@ -653,6 +653,20 @@ test("client - refreshDelay: three quarters of what is left, never under a secon
   ] as const) assert.equal(refreshDelay(left), want, `${left} ms left`);
 });
 
+test("client - tokens of a minute are not refreshed every second: no REFRESH in the first 2.5 s of a 60 s token", async () => {
+  const jwt = (expInS: number) => `h.${Buffer.from(JSON.stringify({ sub: "u", exp: Math.floor(Date.now() / 1000) + expInS })).toString("base64url")}.s`;
+  const { g, client } = await rig(
+    (c) => c.on((f) => {
+      if (f.t === "AUTH") c.send(authOk(0n), { t: "SYNCED", seq: 0n });
+      if (f.t === "REFRESH") c.send({ t: "REFRESH_OK", exp: Date.now() + 60_000 });
+    }),
+    { token: () => jwt(60) },
+  );
+  await waitFor("live", () => client.state.type === "live");
+  await sleep(2500);
+  assert.deepEqual(g.conns[0]!.got.filter((f) => f.t === "REFRESH"), [], "the next refresh is 45 s away");
+});
+
 test("client - a token() that never answers is bounded by connectTimeoutMs: the attempt is given up and tried again", async () => {
   let calls = 0;
   const { g, client } = await rig(
