@@ -258,7 +258,7 @@ export class MailboxReader implements MailboxSource {
   /**
    * The part of (after, until] the hot cache proves it holds, with the user's head read before its
    * rows (a row written after the head only makes the cache look longer, never shorter). "nothing"
-   * when the head says no entry lies after `after`. A break in the rows (a trimmed or re-created
+   * when, unbounded, the head says no entry lies after `after`. A break in the rows (a trimmed or re-created
    * cache, a row written while the hash was gone) is vouched for by a leader get when it costs no
    * more than VOUCH_CHECKS of them; otherwise the stream reads on from where the rows stop.
    */
@@ -280,8 +280,13 @@ export class MailboxReader implements MailboxSource {
     if (headReply?.[0] || rowsReply?.[0]) throw (headReply?.[0] ?? rowsReply?.[0])!;
     let head = parseSeq(headReply?.[1]);
     if (knownHead !== undefined && (head === undefined || knownHead > head)) head = knownHead;
-    if (head !== undefined && head <= after) return "nothing";
-    const target = head !== undefined && (until === undefined || head < until) ? head : (until ?? NO_BOUND);
+    // A bounded read (a split parent's range a session is leaving, a PULL) must reach `until` in the
+    // stream itself: the head counts only what the worker has processed, and an entry appended
+    // before the cut but not processed yet would later be pushed as the parent's, which a session
+    // on the child ignores (the E2 fault scenario lost one that way). Unbounded, what is not
+    // processed yet is pushed to the session later, so the head is far enough.
+    if (until === undefined && head !== undefined && head <= after) return "nothing";
+    const target = until ?? head ?? NO_BOUND;
     let rows = chainRows((rowsReply?.[1] ?? []) as [Buffer, Buffer[]][]);
     const cutByCount = rows.length === count;
     const kept: Row[] = [];
