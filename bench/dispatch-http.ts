@@ -1,7 +1,7 @@
 /**
  * What one HTTP dispatch costs the gateway that takes it, by shape: bytes appended (recipients x
  * body) against the gateway's RSS growth, its event loop's longest delay, and the longest PONG of a
- * bystander device pinging every 10 ms on the same gateway. A gateway, a worker, their own
+ * bystander device pinging every 10 ms on the same gateway, and its /readyz probed every 100 ms. A gateway, a worker, their own
  * nats-server and redis-server, as the tests start them.
  *
  *   npm run bench:dispatch-http -- [--runs 3] [--json]
@@ -80,6 +80,13 @@ try {
       let pongMax = 0;
       let pinging = true;
       const sampler = setInterval(() => (peak = Math.max(peak, rss(gateway.pid))), 20);
+      // the gateway's readiness, as a load balancer probes it (its own dependency probes time out if its loop stalls)
+      let readyz = 0;
+      let notReady = 0;
+      const prober = setInterval(() => {
+        readyz++;
+        gateway.http("/readyz").then((r) => r.status === 200 || notReady++, () => notReady++);
+      }, 100);
       const pinger = (async () => {
         while (pinging) {
           const t = performance.now();
@@ -100,6 +107,7 @@ try {
       pinging = false;
       await pinger;
       clearInterval(sampler);
+      clearInterval(prober);
       const lag = await lagMaxMs(gateway);
       rows.push({
         shape: shape.name, run,
@@ -110,10 +118,11 @@ try {
         rssGrowthMiB: Number(((peak - base) / 1048576).toFixed(1)),
         eventLoopMaxMs: Number(lag.toFixed(1)),
         pongMaxMs: Number(pongMax.toFixed(1)),
+        readyzNotReady: `${notReady}/${readyz}`,
       });
       if (!values.json) {
         const r = rows.at(-1)!;
-        console.log(`${String(r.shape).padEnd(36)} run ${run}: ${r.status} in ${r.ms} ms; appended ${r.appendedBytes} B from ${r.requestBytes} B of request; RSS +${r.rssGrowthMiB} MiB; event loop max ${r.eventLoopMaxMs} ms; bystander PONG max ${r.pongMaxMs} ms`);
+        console.log(`${String(r.shape).padEnd(36)} run ${run}: ${r.status} in ${r.ms} ms; appended ${r.appendedBytes} B from ${r.requestBytes} B of request; RSS +${r.rssGrowthMiB} MiB; event loop max ${r.eventLoopMaxMs} ms; bystander PONG max ${r.pongMaxMs} ms; /readyz not 200: ${r.readyzNotReady}`);
       }
       await new Promise((r) => setTimeout(r, 500));
     }
