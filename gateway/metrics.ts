@@ -11,6 +11,7 @@ export class GatewayMetrics {
   readonly authOutcomes: Counter<"case">;
   readonly midSessionRebases: Counter<"case">;
   readonly catchupEntries: Counter<"source">;
+  readonly entriesSent: Counter;
   readonly gapFills: Counter;
   readonly stalePushes: Counter;
   readonly duplicatesDropped: Counter;
@@ -36,6 +37,8 @@ export class GatewayMetrics {
     this.bytesOut = c("jetgate_gateway_bytes_out_total", "Bytes sent to devices.");
     this.authOutcomes = c("jetgate_gateway_auth_outcomes_total", "AUTH answers by case (fresh, normal, rebased, rebased_new_log, split, expired, invalid, unauthorized, timeout, too_many_connections, registry_unavailable).", ["case"]);
     this.midSessionRebases = c("jetgate_gateway_mid_session_rebases_total", "CURSOR_REBASED sent to live sessions after a registry change.", ["case"]);
+    // entries per MSGS frame = entries_sent / frames_out{type="MSGS"} (PULL replies are not counted here)
+    this.entriesSent = c("jetgate_gateway_entries_sent_total", "Entries sent to devices in catch-up and live MSGS frames.");
     this.catchupEntries = c("jetgate_gateway_catchup_entries_total", "Entries read for catch-up, by source (cache, stream).", ["source"]);
     this.gapFills = c("jetgate_gateway_gap_fills_total", "Live pushes whose predecessor was missing or unknown, filled from the stream first.");
     this.stalePushes = c("jetgate_gateway_stale_pushes_total", "Pushes dropped because their epoch is older than the registry's.");

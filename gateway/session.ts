@@ -233,6 +233,7 @@ export class Session implements HubMember {
     const before = this.delivery.regressions;
     const out = this.delivery.select(entries);
     if (this.delivery.regressions > before) this.p.metrics.regressions.inc({ component: "gateway" }, this.delivery.regressions - before);
+    if (out.length > 0) this.p.metrics.entriesSent.inc(out.length);
     let frame: Uint8Array[] = [];
     let bytes = 0;
     for (let i = 0; i < out.length; i++) {

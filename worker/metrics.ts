@@ -18,6 +18,8 @@ export class WorkerMetrics {
   readonly lease: Gauge<"shard">;
   readonly registryRecord: Gauge;
   readonly deliveryGaps: Counter<"shard">;
+  readonly batches: Counter<"shard">;
+  readonly pushMessages: Counter<"shard">;
 
   constructor() {
     const registers = [this.registry];
@@ -37,6 +39,9 @@ export class WorkerMetrics {
     this.epoch = g("jetgate_shard_epoch", "Current epoch of an owned shard (review at 1000).");
     this.offset = g("jetgate_shard_log_offset", "Last log offset processed in an owned shard (48-bit field: review at 10% of 2^48).");
     this.lease = g("jetgate_worker_lease_held", "1 while this worker holds the shard's lease.");
+    // entries per batch = entries_processed / batches; entries per push message = entries_pushed / push_messages
+    this.batches = c("jetgate_worker_batches_total", "Batches processed (one Redis step, one confirmation, one ack each).", ["shard"]);
+    this.pushMessages = c("jetgate_worker_push_messages_total", "NATS messages published to gateways for live pushes.", ["shard"]);
     this.deliveryGaps = c("jetgate_worker_delivery_gaps_total", "Entries the shard consumer skipped (a delivery lost in flight), fetched from the stream by offset instead.", ["shard"]);
     this.registryRecord = new Gauge({ name: "jetgate_worker_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });
     this.regressions.inc({ component: "worker" }, 0);

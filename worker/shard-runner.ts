@@ -386,6 +386,9 @@ export class ShardRunner {
     this.lastOffset = maxOffset;
     this.d.metrics.processed.inc(this.label, items.length + forwards.length);
     this.d.metrics.pushed.inc(this.label, pushed);
+    this.d.metrics.batches.inc(this.label);
+    // one message per pushed entry today (what routed, batched pushes would cut)
+    this.d.metrics.pushMessages.inc(this.label, pushed);
     this.d.metrics.offset.set(this.label, this.lastOffset);
     return true;
   }

@@ -24,6 +24,7 @@ import { readFileSync } from "node:fs";
 import { execFileSync } from "node:child_process";
 import { LineProcess, SYSTEMS, startSystem, type System, type SystemName } from "./systems.js";
 import { merge, quantile, type Histogram } from "./entries.js";
+import { Redis } from "ioredis";
 
 const USAGE = `usage: npm run bench -- <fanout|idle|storm|catchup> [--devices N] [--seconds S] [--entries N]
                    [--idle-seconds S] [--deadline-seconds S] [--systems ${SYSTEMS.join(",")}]
@@ -254,9 +255,27 @@ async function natsMessages(sys: System): Promise<number | undefined> {
   return v.in_msgs + v.out_msgs;
 }
 
+/** Commands Redis has run so far (INFO commandstats, every command's calls), when the system has a Redis. */
+async function redisCommands(sys: System): Promise<number | undefined> {
+  if (sys.redisUrl === undefined) return undefined;
+  const r = new Redis(sys.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 1 });
+  try {
+    await r.connect();
+    const text = await r.info("commandstats");
+    return [...text.matchAll(/^cmdstat_[^:]+:calls=(\d+)/gm)].reduce((n, m) => n + Number(m[1]), 0);
+  } finally {
+    r.disconnect();
+  }
+}
+
+/** a / b to two decimals; undefined when either is unknown or b is 0. */
+const per = (a: number | undefined, b: number | undefined) => (a === undefined || b === undefined || b === 0 ? undefined : Number((a / b).toFixed(2)));
+
 async function fanout(sys: System, gens: Generators): Promise<Row> {
   await gens.connect(devices);
   const natsBefore = await natsMessages(sys);
+  const redisBefore = await redisCommands(sys);
+  const countersBefore = await sys.counters?.();
   const m = meter(sys.serverPids);
   const shares = cpuShares({ ...sys.pids, devices: gens.pids });
   const sent = await sys.sendFor(seconds, devices);
@@ -266,6 +285,11 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
   const natsAfter = await natsMessages(sys);
   // every message in and out (publishes, acks, deliveries, pull requests, consumer acks)
   const natsPerEntry = natsBefore !== undefined && natsAfter !== undefined ? Number(((natsAfter - natsBefore) / max.received).toFixed(2)) : undefined;
+  // the measuring itself adds a few commands (INFO, the client's own): noise at thousands of entries
+  const redisAfter = await redisCommands(sys);
+  const redisPerEntry = redisBefore !== undefined && redisAfter !== undefined ? per(redisAfter - redisBefore, max.received) : undefined;
+  const countersAfter = await sys.counters?.();
+  const d = (k: string) => (countersBefore === undefined || countersAfter === undefined ? undefined : countersAfter[k]! - countersBefore[k]!);
   const rate = Math.round((max.received / (max.last - max.first)) * 1000);
   // half load: latency over this phase only, until the devices have had everything
   await gens.report();
@@ -274,7 +298,11 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
   return {
     scenario, system: sys.name, nodes, devices, entries_per_s: rate, p50_ms: quantile(half.hist, 0.5), p99_ms: quantile(half.hist, 0.99),
     server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu_max: cpuMax.shares, cpu_procs: cpuMax.procs, us_per_entry: cpuMax.usPerEntry, us_per_process: cpuMax.usPerProcess,
-    nats_msgs_per_entry: natsPerEntry, sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received,
+    nats_msgs_per_entry: natsPerEntry, redis_cmds_per_entry: redisPerEntry,
+    ...(countersAfter !== undefined ? {
+      entries_per_batch: per(d("processed"), d("batches")), entries_per_push_msg: per(d("pushed"), d("pushMessages")), entries_per_msgs_frame: per(d("entriesSent"), d("msgsFrames")),
+    } : {}),
+    sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received,
     duplicates: max.duplicates + half.duplicates, half_rate: Math.floor(rate / 2), ...(sys.natsMonitorPort !== undefined ? { shards } : {}),
   };
 }

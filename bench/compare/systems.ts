@@ -37,6 +37,10 @@ export interface System {
   pids: Record<string, number[]>;
   /** nats-server's monitoring port, where the system has one: messages it handled per entry. */
   natsMonitorPort?: number;
+  /** Redis, where the system has one: commands it ran per entry (INFO commandstats). */
+  redisUrl?: string;
+  /** jetgate's own counters, summed over its processes: what its batching and framing cut. */
+  counters?(): Promise<Record<string, number>>;
   /** Entries to random users of `users`, as fast as the system takes them (or at `rate`/s in all), for `seconds`. */
   sendFor(seconds: number, users: number, rate?: number): Promise<number>;
   /** `perUser` entries to each of users 0..users-1 while they are offline; resolves once they are stored. */
@@ -131,6 +135,18 @@ async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
     serverPids: gateways.map((g) => g.pid),
     pids: { gateway: gateways.map((g) => g.pid), worker: workers.map((w) => w.pid), nats: [infra.nats.pid!], redis: [infra.redis.pid!], producer: producers.map((p) => p.proc.pid!) },
     natsMonitorPort: infra.nats.monitorPort,
+    redisUrl: infra.redis.url,
+    async counters() {
+      const sum = async (ps: JetgateProcess[], name: string, labels: Record<string, string> = {}) => (await Promise.all(ps.map((p) => p.metric(name, labels)))).reduce((a, b) => a + b, 0);
+      return {
+        processed: await sum(workers, "jetgate_worker_entries_processed_total"),
+        batches: await sum(workers, "jetgate_worker_batches_total"),
+        pushed: await sum(workers, "jetgate_worker_entries_pushed_total"),
+        pushMessages: await sum(workers, "jetgate_worker_push_messages_total"),
+        entriesSent: await sum(gateways, "jetgate_gateway_entries_sent_total"),
+        msgsFrames: await sum(gateways, "jetgate_gateway_frames_out_total", { type: "MSGS" }),
+      };
+    },
     logs: () => procs.flatMap((p) => p.output.slice(-10)),
     sendFor: (seconds, users, rate) => sendSplit(producers, { cmd: "send", seconds, users }, rate),
     async sendEach(users, perUser) {
@@ -219,6 +235,7 @@ async function startSocketio({ nodes }: SystemOptions): Promise<System> {
     deviceUrl: (i) => `http://127.0.0.1:${ports[i % nodes]}`,
     serverPids: servers.map((s) => s.proc.pid!),
     pids: { server: servers.map((s) => s.proc.pid!), producer: producers.map((p) => p.proc.pid!), redis: [redis.pid!] },
+    redisUrl: redis.url,
     logs: () => [],
     sendFor: (seconds, users, rate) => sendSplit(producers, { cmd: "send", seconds, users }, rate),
     async sendEach(users, perUser) {

@@ -268,7 +268,7 @@ test("gateway live - health, readiness and metrics on their own port; the device
   const { text } = await gateway.http("/metrics");
   for (const name of [
     'jetgate_mailbox_seq_regression_total{component="gateway"} 0', "jetgate_gateway_connections", "jetgate_gateway_frames_in_total",
-    "jetgate_gateway_frames_out_total", "jetgate_gateway_bytes_out_total", 'jetgate_gateway_auth_outcomes_total{case="fresh"}',
+    "jetgate_gateway_frames_out_total", "jetgate_gateway_bytes_out_total", "jetgate_gateway_entries_sent_total", "jetgate_gateway_redis_writable 1", 'jetgate_gateway_auth_outcomes_total{case="fresh"}',
     'jetgate_gateway_catchup_entries_total{source="stream"}', "jetgate_gateway_slow_consumers_total", "jetgate_gateway_dispatch_requests_total",
   ]) assert.ok(text.includes(name), name);
   const head = (await stack.registry.sync()).seq;

@@ -167,8 +167,12 @@ test("worker - health, readiness and metrics endpoints", async () => {
   for (const name of [
     "jetgate_mailbox_seq_regression_total{component=\"worker\"} 0", "jetgate_worker_entries_processed_total",
     "jetgate_worker_duplicates_total", "jetgate_worker_forwarded_total", "jetgate_worker_lag_entries", "jetgate_shard_epoch",
-    "jetgate_shard_log_offset", "jetgate_worker_lease_held",
+    "jetgate_shard_log_offset", "jetgate_worker_lease_held", "jetgate_worker_batches_total", "jetgate_worker_push_messages_total", "jetgate_worker_redis_writable 1",
   ]) assert.ok(text.includes(name), name);
+  // what batching cuts, countable: entries per batch and per push message (one message an entry today)
+  const batches = await worker.metric("jetgate_worker_batches_total");
+  assert.ok(batches >= 1 && batches <= (await worker.metric("jetgate_worker_entries_processed_total")), `batches ${batches}`);
+  assert.equal(await worker.metric("jetgate_worker_push_messages_total"), await worker.metric("jetgate_worker_entries_pushed_total"));
   const head = (await registry.sync()).seq;
   await waitFor("the worker reports the registry record it applied", async () => (await worker.metric("jetgate_worker_registry_record")) === head);
   assert.equal((await worker.http("/nope")).status, 404);
