@@ -292,19 +292,20 @@ export class MailboxReader implements MailboxSource {
     const kept: Row[] = [];
     let at = after;
     let vouched = false;
-    for (let checks = 0; ; ) {
+    for (let checks = 0; checks <= VOUCH_CHECKS; checks++) {
       const chain = followChain(rows, shard, at, target, vouched);
       kept.push(...chain.kept);
       at = chain.at;
       const stop = chain.stop;
       if (stop.type === "complete") return { entries: kept.map(toEntry), at, complete: true };
-      if (checks >= VOUCH_CHECKS || (stop.type === "break" && !stop.vouchable) || (stop.type === "rows_end" && cutByCount)) break;
-      checks++;
-      const next = stop.type === "break" ? rows[stop.index]! : undefined;
+      if (checks === VOUCH_CHECKS || (stop.type === "break" && !stop.vouchable) || (stop.type === "rows_end" && cutByCount)) break;
+      // one leader get: does the stream hold anything of the user between `at` and the next row (or the target)?
+      const nextIndex = stop.type === "break" ? stop.index : undefined;
+      const next = nextIndex === undefined ? undefined : rows[nextIndex]!;
       const upTo = next !== undefined && next.seq - 1n < target ? next.seq - 1n : target;
       if (!(await this.nothingBetween(shard, user, at, upTo))) break;
       if (next === undefined || next.seq > target) return { entries: kept.map(toEntry), at: target, complete: true };
-      rows = rows.slice((stop as { index: number }).index);
+      rows = rows.slice(nextIndex);
       vouched = true;
     }
     return { entries: kept.map(toEntry), at, complete: false };
