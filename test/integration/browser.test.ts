@@ -9,7 +9,7 @@ import { startInfra, initStack, spawnWorker, spawnGateway, freePortForTest, type
 import { waitFor } from "../harness/wait.js";
 
 const CHROMIUM = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
-if (!existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)`);
+if (!existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} is missing: apt-get install -y chromium (npm test does as root: scripts/test-deps.sh)`);
 
 await buildSdk();
 const infra = await startInfra({ JETGATE_LEASE_MS: "1000", JETGATE_DRAIN_MS: "500", JETGATE_DEMO_DIR: new URL("../../client/demo", import.meta.url).pathname });

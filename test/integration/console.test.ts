@@ -18,7 +18,7 @@ import { TestDevice, deviceToken } from "../harness/device.js";
 import { waitFor } from "../harness/wait.js";
 
 const CHROMIUM = process.env.CHROMIUM_PATH ?? "/usr/bin/chromium";
-if (!existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)`);
+if (!existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} is missing: apt-get install -y chromium (npm test does as root: scripts/test-deps.sh)`);
 
 const TOKEN = "console-test-token-0123456789";
 const stack = await startStack({ env: { JETGATE_LEASE_MS: "1000" }, gateway: { JETGATE_ADMIN_TOKEN: TOKEN } });

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# What `npm test` needs of the system, installed when missing (npm runs this as `pretest`): apt-get
+# as root; otherwise it stops at once, naming the one command to run.
+set -euo pipefail
+missing=()
+command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || missing+=(nats-server)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+[ -x /usr/bin/chromium ] || missing+=(chromium)   # the browser and console tests drive Debian's chromium
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)   # the TLS tests make a throwaway CA
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)        # the partition tests: network namespaces
+command -v setpriv >/dev/null 2>&1 || missing+=(util-linux) # ... and their check without CAP_NET_ADMIN
+# the chart render test builds tools/chart-render (helm's template engine) from Debian's Go sources
+gosrc=/usr/share/gocode/src
+{ command -v go && [ -d $gosrc/github.com/Masterminds/sprig ] && [ -d $gosrc/gopkg.in/yaml.v3 ] && [ -d $gosrc/github.com/xeipuuv/gojsonschema ]; } >/dev/null 2>&1 \
+  || missing+=(golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev golang-github-xeipuuv-gojsonschema-dev)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "npm test needs: sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "installing ${missing[*]}"
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
