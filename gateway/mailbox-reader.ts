@@ -26,6 +26,7 @@ import {
   parseCacheRow,
   readerConsumerName,
   WATERMARK_ALL,
+  HASH_FIELDS,
   type CacheRow,
   type Entry,
   type MailboxSeq,
@@ -181,17 +182,19 @@ export class MailboxReader implements MailboxSource {
   }
 
   /**
-   * The users' heads as Redis has them (`_all`; undefined where it has none): one pipeline for them
-   * all, never the stream. The gateway's tail check asks for every live session's user this way.
+   * The users' heads as Redis has them (`_all`; undefined where it has none) and their routes: one
+   * pipeline for them all, never the stream. The gateway's tail check asks for every live
+   * session's user this way.
    */
-  async cachedHeads(users: readonly string[]): Promise<(MailboxSeq | undefined)[]> {
+  async cachedHeads(users: readonly string[]): Promise<{ head: MailboxSeq | undefined; routes: string[] }[]> {
     if (users.length === 0) return [];
     const p = this.redis.pipeline();
-    for (const u of users) p.hget(this.keys.watermarks(u), WATERMARK_ALL);
+    for (const u of users) p.hmget(this.keys.watermarks(u), WATERMARK_ALL, HASH_FIELDS.routes);
     const replies = (await p.exec()) ?? [];
     return users.map((_, i) => {
       const [err, v] = replies[i] ?? [null, null];
-      return err === null && typeof v === "string" && /^\d{1,20}$/.test(v) ? BigInt(v) : undefined;
+      const [all, routes] = err === null && Array.isArray(v) ? (v as (string | null)[]) : [null, null];
+      return { head: typeof all === "string" && SEQ_TEXT.test(all) ? BigInt(all) : undefined, routes: routes ? routes.split(",") : [] };
     });
   }
 
@@ -209,7 +212,8 @@ export class MailboxReader implements MailboxSource {
     let head = all;
     for (const [k, v] of Object.entries(h)) {
       const seq = parseSeq(v);
-      if (k === WATERMARK_ALL || seq === undefined) continue;
+      // `_all`, and the fields that are not lanes (HASH_FIELDS: routes, expiry stamps; a `:` no lane has)
+      if (k === WATERMARK_ALL || k.includes(":") || seq === undefined) continue;
       lanes.set(k, seq);
       if (seq > head) head = seq;
     }

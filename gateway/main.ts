@@ -32,6 +32,8 @@ import { MailboxReader } from "./mailbox-reader.js";
 import type { SessionPorts } from "./ports.js";
 import { GatewayMetrics } from "./metrics.js";
 import { Presence } from "./presence.js";
+import { NatsPushSource } from "./push-source.js";
+import { RouteTable } from "./routes.js";
 import { startServer } from "./server.js";
 import type { Session } from "./session.js";
 import { SessionRegistry } from "./sessions.js";
@@ -58,7 +60,12 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   }).start();
   metrics.registryRecord.set(registry.state.seq);
   registry.onChange((st) => metrics.registryRecord.set(st.seq));
-  const sessions = new SessionRegistry<Session>(nc, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log);
+  // a hash a route makes lives as long as one the worker makes (its watermark TTL)
+  const routes = new RouteTable(redis, keys, gatewayId, Math.max(config.JETGATE_STREAM_MAX_AGE_S, config.JETGATE_HOT_CACHE_TTL_S), log);
+  const pushSource = new NatsPushSource(nc, gatewayId, log, (n) => metrics.unreadablePushes.inc(n));
+  const sessions = new SessionRegistry<Session>(pushSource, routes, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log);
+  routes.onRepaired = (user, head) => sessions.repair(user, head);
+  routes.start();
   const presence = new Presence(redis, keys, nc, gatewayId, (k) => sessions.kick(k.user, k.device, k.session));
   presence.start();
   const js = jetstream(nc);
@@ -73,6 +80,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
     registry,
     mailbox,
     hub: sessions,
+    routes,
     presence,
     acks: new AckStore(redis, keys, config.JETGATE_STREAM_MAX_AGE_S, config.JETGATE_MAX_DEVICES_PER_USER),
     ingress: {
@@ -118,6 +126,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       ops.close();
       dispatcher.close();
       presence.stop();
+      routes.stop();
       health.stop();
       stats.unsubscribe();
       sessions.close();

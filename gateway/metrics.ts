@@ -14,6 +14,9 @@ export class GatewayMetrics {
   readonly entriesSent: Counter;
   readonly gapFills: Counter;
   readonly stalePushes: Counter;
+  readonly unreadablePushes: Counter;
+  readonly pushesReceived: Counter;
+  readonly strayPushes: Counter;
   readonly duplicatesDropped: Counter;
   readonly slowConsumers: Counter;
   readonly rateLimited: Counter;
@@ -42,6 +45,10 @@ export class GatewayMetrics {
     this.catchupEntries = c("jetgate_gateway_catchup_entries_total", "Entries read for catch-up, by source (cache, stream).", ["source"]);
     this.gapFills = c("jetgate_gateway_gap_fills_total", "Live pushes whose predecessor was missing or unknown, filled from the stream first.");
     this.stalePushes = c("jetgate_gateway_stale_pushes_total", "Pushes dropped because their epoch is older than the registry's.");
+    // received / needed over gateways: how well routing keeps each gateway to its own sessions' users
+    this.pushesReceived = c("jetgate_gateway_pushes_received_total", "Live pushes received from the workers for users with a session here (one per entry, however many sessions).");
+    this.strayPushes = c("jetgate_gateway_stray_pushes_total", "Live pushes received for users with no session here (a route left behind: this gateway takes itself out of it).");
+    this.unreadablePushes = c("jetgate_gateway_unreadable_pushes_total", "Pushes (or whole push batches) from the workers that did not decode: dropped; devices get those entries from the mailbox at their next push or tail check.");
     this.duplicatesDropped = c("jetgate_gateway_duplicates_dropped_total", "Pushes of entries a session had already sent (catch-up and live overlap).");
     this.slowConsumers = c("jetgate_gateway_slow_consumers_total", "Connections closed with 4408 over the send buffer limit.");
     this.rateLimited = c("jetgate_gateway_rate_limited_total", "Frames refused by rate limits.");
@@ -49,7 +56,7 @@ export class GatewayMetrics {
     this.regressions = c("jetgate_mailbox_seq_regression_total", "A seq to send at or below the last sent on its connection: dropped (must stay 0).", ["component"]);
     this.dispatchRequests = c("jetgate_gateway_dispatch_requests_total", "POST /v1/dispatch requests by HTTP status.", ["status"]);
     this.refusedUpgrades = c("jetgate_gateway_refused_upgrades_total", "WebSocket upgrades refused before a session, by reason (per_ip, dependency).", ["reason"]);
-    this.tailFills = c("jetgate_gateway_tail_fills_total", "Live sessions found behind their user's head by the periodic tail check (a lost last push), and filled.");
+    this.tailFills = c("jetgate_gateway_tail_fills_total", "Live sessions found behind their user's head, and filled: by the periodic tail check (a lost last push), or after their user's route was registered again (Redis had lost it).");
     this.devicesEvicted = c("jetgate_gateway_device_state_evicted_total", "Devices whose stored ACK state was dropped for a newer device of the same user (JETGATE_MAX_DEVICES_PER_USER).");
     this.registryRecord = new Gauge({ name: "jetgate_gateway_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });
     // 1 ms .. 10 s; a push later than that is an outage, which the +Inf bucket still counts
@@ -60,5 +67,14 @@ export class GatewayMetrics {
       registers,
     });
     this.regressions.inc({ component: "gateway" }, 0);
+  }
+
+  private readonly framesOutByType = new Map<string, Counter.Internal>();
+
+  /** framesOut's child for `type`, looked up once: sends are the hot path (one per frame per device). */
+  frameOut(type: string): Counter.Internal {
+    let c = this.framesOutByType.get(type);
+    if (c === undefined) this.framesOutByType.set(type, (c = this.framesOut.labels({ type })));
+    return c;
   }
 }

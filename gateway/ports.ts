@@ -83,12 +83,36 @@ export interface HubMember {
   readonly shard: number;
   readonly authAt: number;
   close(code: number, reason?: string): void;
-  onPush(push: Push): void;
+  /** Live pushes of this user, in order (those of one batch together). */
+  onPushes(pushes: readonly Push[]): void;
   onShardChange(): void;
   /** What the session accounted for, while it is live and idle (the tail check); else undefined. */
   tailPosition(): MailboxSeq | undefined;
   /** The user's head is past `tailPosition` (undefined: Redis does not know it): read the rest and send it. */
   fillTail(head: MailboxSeq | undefined): void;
+  /** The user's route was registered again with this head: read and send what the session lacks below it, whatever it is doing. */
+  catchUpTo(head: MailboxSeq | undefined): void;
+}
+
+/** Live pushes for this gateway, a batch at a time (NATS: gateway/push-source.ts). */
+export interface PushSource {
+  /** `broadcast`: pushes every gateway got, because Redis had no routes for their users. */
+  start(onPushes: (pushes: readonly Push[], broadcast: boolean) => void): void;
+  stop(): void;
+}
+
+/** Where the workers send a user's pushes (gateway/routes.ts). */
+export interface RoutePort {
+  /** A session of the user is about to read its mailbox: resolves once this gateway is in the user's routes (or that failed, and is retried). */
+  acquire(user: string): Promise<void>;
+  /** That session ended; the user's last one here takes the route out. */
+  release(user: string): void;
+  /** A push of the user reached every gateway (Redis had no routes for it): registers again if a session of it is here. */
+  reassert(user: string): void;
+  /** The tail check read the user's routes from Redis: registers again if a session of it is here and this gateway is not among them. */
+  verify(user: string, routes: readonly string[]): void;
+  /** A push of the user was routed here, and none of its sessions is. */
+  stray(user: string): void;
 }
 
 /** The gateway's sessions: fan-out membership, replacement of a device's older session, per-user limits. */
@@ -114,6 +138,7 @@ export interface SessionPorts {
   registry: RegistryView;
   mailbox: MailboxSource;
   hub: SessionHub;
+  routes: RoutePort;
   presence: PresencePort;
   acks: AckPort;
   ingress: IngressPort;

@@ -59,6 +59,14 @@ function encodedOnce(e: Entry): Uint8Array {
   return b;
 }
 
+/** A live MSGS frame for a batch's pushes of one user, encoded once for all of its sessions that send every one. */
+const liveFrames = new WeakMap<readonly Push[], Uint8Array>();
+function sharedFrame(pushes: readonly Push[], shard: number): Uint8Array {
+  let b = liveFrames.get(pushes);
+  if (b === undefined) liveFrames.set(pushes, (b = encodeMsgsFrame(shard, pushes.map((p) => encodedOnce(p.entry)))));
+  return b;
+}
+
 /** Bytes per MSGS frame during catch-up. */
 const FRAME_BYTES = 64 * 1024;
 /** Catch-up waits for the socket to drain above this many buffered bytes. */
@@ -94,6 +102,8 @@ export class Session implements HubMember {
   /** Where the session stood when a tail check last asked the stream for a head Redis lacked. */
   private tailAskedAt: MailboxSeq | undefined;
   private ackedSeq = 0n;
+  /** This session holds its user's route on this gateway (released on close). */
+  private routeHeld = false;
   private ackFlushed = 0n;
   private readonly bucket: TokenBucket;
   private limited = false;
@@ -193,6 +203,10 @@ export class Session implements HubMember {
     this.delivery.clearHeld();
     // every connection, authenticated or not (one that never sent AUTH used to stay in the set)
     this.p.hub.remove(this);
+    if (this.routeHeld) {
+      this.routeHeld = false;
+      this.p.routes.release(this.user);
+    }
     if (this.user !== "") {
       this.flushAck();
       void this.p.presence.release(this.user, this.device, this.id, this.authAt).catch(() => undefined);
@@ -208,7 +222,7 @@ export class Session implements HubMember {
   private sendBytes(bytes: Uint8Array, type: string): void {
     if (this.closed) return;
     this.t.send(bytes);
-    this.p.metrics.framesOut.inc({ type });
+    this.p.metrics.frameOut(type).inc();
     this.p.metrics.bytesOut.inc(bytes.byteLength);
     if (this.t.buffered() > this.p.config.JETGATE_MAX_BACKPRESSURE) {
       this.p.metrics.slowConsumers.inc();
@@ -230,10 +244,7 @@ export class Session implements HubMember {
   /** Sends what `Delivery` selects of `entries` (of `shard`), in MSGS frames; `paced` waits for the socket. */
   private async emit(shard: number, entries: readonly Entry[], paced: boolean): Promise<void> {
     if (this.closed) return;
-    const before = this.delivery.regressions;
-    const out = this.delivery.select(entries);
-    if (this.delivery.regressions > before) this.p.metrics.regressions.inc({ component: "gateway" }, this.delivery.regressions - before);
-    if (out.length > 0) this.p.metrics.entriesSent.inc(out.length);
+    const out = this.select(entries);
     let frame: Uint8Array[] = [];
     let bytes = 0;
     for (let i = 0; i < out.length; i++) {
@@ -247,6 +258,15 @@ export class Session implements HubMember {
       if (this.closed) return;
       if (paced && this.t.buffered() > PACE_BYTES) await new Promise<void>((r) => (this.drainWaiter = r));
     }
+  }
+
+  /** What `Delivery` lets out of `entries`, counted. */
+  private select(entries: readonly Entry[]): Entry[] {
+    const before = this.delivery.regressions;
+    const out = this.delivery.select(entries);
+    if (this.delivery.regressions > before) this.p.metrics.regressions.inc({ component: "gateway" }, this.delivery.regressions - before);
+    if (out.length > 0) this.p.metrics.entriesSent.inc(out.length);
+    return out;
   }
 
   private enqueue(step: () => Promise<void>): void {
@@ -314,7 +334,11 @@ export class Session implements HubMember {
     this.device = frame.device;
     this.delivery = new Delivery(frame.lanes ? new Set(frame.lanes) : undefined, MAX_HELD_PUSHES);
     this.armExpiry(claims.expiresAt);
-    if ((await this.p.presence.claim(this.user, this.device, this.id, this.authAt)) === "superseded") {
+    // The route is in Redis before the mailbox is read (gateway/routes.ts): what the worker does
+    // after it is routed here, what it did before is in the read. Beside the claim: one round trip.
+    this.routeHeld = true;
+    const [claimed] = await Promise.all([this.p.presence.claim(this.user, this.device, this.id, this.authAt), this.p.routes.acquire(this.user)]);
+    if (claimed === "superseded") {
       this.close(CloseCode.REPLACED, "a newer session of this device exists");
       return false;
     }
@@ -428,14 +452,39 @@ export class Session implements HubMember {
 
   // ---- live ----------------------------------------------------------------------------------
 
-  /** A live push for this user (already checked against the registry's epoch by the hub). */
-  onPush(push: Push): void {
+  /**
+   * Live pushes for this user (already checked against the registry's epoch by the hub), in order.
+   * The common case (live, nothing on the chain, each push following the one before) goes out at
+   * once as one MSGS frame, with no promise; a gap or a busy chain goes through the chain.
+   */
+  onPushes(pushes: readonly Push[]): void {
     if (this.closed || this.state.type === "awaiting_auth" || this.state.type === "authenticating") return;
-    if (push.shard !== this.shard) return;
-    if (this.state.type === "syncing") return this.delivery.hold(push);
-    // Live: the common case needs no await; a gap or a busy chain goes through the chain.
-    if (this.chainIdle && this.delivery.classify(push) === "next") return void this.emit(this.shard, [push.entry], false);
-    this.enqueue(() => this.deliver(push));
+    let i = 0;
+    if (this.state.type === "live" && this.chainIdle) {
+      let known = this.delivery.lastKnown;
+      while (i < pushes.length) {
+        const p = pushes[i]!;
+        if (p.shard !== this.shard || p.entry.seq <= known || p.prevAll === null || p.prevAll > known) break;
+        known = p.entry.seq;
+        i++;
+      }
+      if (i > 0) this.emitLive(i === pushes.length ? pushes : pushes.slice(0, i));
+    }
+    for (; i < pushes.length; i++) {
+      const push = pushes[i]!;
+      if (push.shard !== this.shard) continue;
+      if (this.state.type === "syncing") this.delivery.hold(push);
+      else this.enqueue(() => this.deliver(push));
+    }
+  }
+
+  /** The next pushes of a live, idle session: one MSGS frame, the same bytes for every session of the user that sends them all. */
+  private emitLive(pushes: readonly Push[]): void {
+    const entries = pushes.length === 1 ? [pushes[0]!.entry] : pushes.map((p) => p.entry);
+    const out = this.select(entries);
+    if (out.length === 0) return;
+    const bytes = out.length === entries.length ? sharedFrame(pushes, this.shard) : encodeMsgsFrame(this.shard, out.map(encodedOnce));
+    this.sendBytes(bytes, "MSGS");
   }
 
   private async deliver(push: Push): Promise<void> {
@@ -477,15 +526,28 @@ export class Session implements HubMember {
       if (this.tailAskedAt === this.delivery.lastKnown) return;
       this.tailAskedAt = this.delivery.lastKnown;
     }
-    this.enqueue(async () => {
-      const wm = await this.p.mailbox.watermarks(this.shard, this.user);
-      // a push may have delivered it meanwhile
-      if (wm.head <= this.delivery.lastKnown || this.closed) return;
-      this.p.metrics.tailFills.inc();
-      for await (const page of this.p.mailbox.read(this.shard, this.user, this.delivery.lastKnown, { wm })) {
-        await this.emit(this.shard, page.entries, true);
-      }
-    });
+    this.enqueue(() => this.readToHead());
+  }
+
+  /**
+   * The user's route was registered again (gateway/routes.ts) with `head` then: entries up to it
+   * may not have been routed here. Whatever the session is doing, it reads them after its current
+   * step (a session still syncing reads them in its catch-up; this finds nothing more).
+   */
+  catchUpTo(head: MailboxSeq | undefined): void {
+    if (this.closed || (head !== undefined && head <= this.delivery.lastKnown)) return;
+    this.enqueue(() => this.readToHead());
+  }
+
+  private async readToHead(): Promise<void> {
+    if (this.state.type !== "live") return;
+    const wm = await this.p.mailbox.watermarks(this.shard, this.user);
+    // a push may have delivered it meanwhile
+    if (wm.head <= this.delivery.lastKnown || this.closed) return;
+    this.p.metrics.tailFills.inc();
+    for await (const page of this.p.mailbox.read(this.shard, this.user, this.delivery.lastKnown, { wm })) {
+      await this.emit(this.shard, page.entries, true);
+    }
   }
 
   // ---- requests ------------------------------------------------------------------------------

@@ -1,18 +1,26 @@
 /**
- * The sessions of one gateway, and live fan-out: one core NATS subscription to `push.<user>` per
- * user with sessions here, shared by them. A push is decoded once; one whose epoch is older than
- * the registry's for its shard is dropped (a zombie worker's). Registry changes reach the sessions
- * of the shards they touch.
+ * The sessions of one gateway, and live fan-out. Pushes come from a push source (NATS: the batches
+ * workers route to this gateway, gateway/push-source.ts), a batch at a time; a push whose epoch is
+ * older than the registry's for its shard is dropped (a zombie worker's). A user's pushes of one
+ * batch reach each of its sessions together (one MSGS frame). Routes (gateway/routes.ts) say where
+ * a user's sessions are: a push routed here for a user with no session here takes this gateway out
+ * of the user's routes; one that reached every gateway (Redis had no routes for its user) makes
+ * this gateway register the user again, as does a tail check that finds this gateway missing.
+ * Registry changes reach the sessions of the shards they touch.
  */
-import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import { CloseCode, decodePush, pushSubject, type MailboxSeq, type RegistryClient, type RegistryState } from "../protocol/index.js";
+import { CloseCode, type MailboxSeq, type Push, type RegistryClient, type RegistryState } from "../protocol/index.js";
 import type { GatewayMetrics } from "./metrics.js";
-import type { HubMember, SessionHub } from "./ports.js";
+import type { HubMember, PushSource, RoutePort, SessionHub } from "./ports.js";
 import { TokenBucket } from "./rate-limit.js";
+
+/** What the tail check reads of a user: its head (undefined: Redis has none) and its routes. */
+export interface UserHead {
+  head: MailboxSeq | undefined;
+  routes: readonly string[];
+}
 
 interface UserEntry {
   sessions: Set<HubMember>;
-  sub: Subscription;
   bucket: TokenBucket;
 }
 
@@ -25,14 +33,16 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
   readonly all = new Set<S>();
 
   constructor(
-    private readonly nc: NatsConnection,
-    private readonly registry: RegistryClient,
+    private readonly pushes: PushSource,
+    private readonly routes: Pick<RoutePort, "reassert" | "verify" | "stray">,
+    private readonly registry: Pick<RegistryClient, "state" | "onChange">,
     private readonly metrics: GatewayMetrics,
     private readonly userRate: number,
     private readonly log: { warn(o: object, msg: string): void },
   ) {
     registry.onChange((s) => this.onRegistry(s));
     for (const [id, s] of registry.state.shards) this.shardEpochs.set(id, `${s.epoch}/${s.log}/${s.range.lo}-${s.range.hi}`);
+    pushes.start((batch, broadcast) => this.onPushes(batch, broadcast));
   }
 
   /** Connected (opened, maybe not yet authenticated). */
@@ -59,8 +69,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     this.byDevice.set(key, s);
     let u = this.users.get(s.user);
     if (u === undefined) {
-      const sub = this.nc.subscribe(pushSubject(s.user), { callback: (err, m) => (err ? undefined : this.onPush(s.user, m.data)) });
-      u = { sessions: new Set(), sub, bucket: new TokenBucket(this.userRate, this.userRate, Date.now()) };
+      u = { sessions: new Set(), bucket: new TokenBucket(this.userRate, this.userRate, Date.now()) };
       this.users.set(s.user, u);
     }
     u.sessions.add(s);
@@ -83,10 +92,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     const u = this.users.get(s.user);
     if (u === undefined) return;
     u.sessions.delete(s);
-    if (u.sessions.size === 0) {
-      u.sub.unsubscribe();
-      this.users.delete(s.user);
-    }
+    if (u.sessions.size === 0) this.users.delete(s.user);
   }
 
   /** A kick from another gateway (or this one): close that exact session with 4409. */
@@ -100,24 +106,59 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     return this.users.get(user)?.bucket.take(now) ?? true;
   }
 
-  private onPush(user: string, data: Uint8Array): void {
-    const u = this.users.get(user);
-    if (u === undefined) return;
-    let push;
-    try {
-      push = decodePush(data);
-    } catch (err) {
-      this.log.warn({ user, err: (err as Error).message }, "unreadable push dropped");
-      return;
+  /** The user's route was registered again with `head` then: its sessions read whatever they miss below it. */
+  repair(user: string, head: MailboxSeq | undefined): void {
+    for (const s of this.users.get(user)?.sessions ?? []) s.catchUpTo(head);
+  }
+
+  /** One batch from the push source: stale pushes dropped, the rest handed to each user's sessions together. */
+  onPushes(batch: readonly Push[], broadcast = false): void {
+    const now = Date.now();
+    let received = 0;
+    let strays = 0;
+    let byUser: Map<string, Push[]> | undefined;
+    let one: Push[] | undefined;
+    let oneUser = "";
+    for (const push of batch) {
+      const shard = this.registry.state.shards.get(push.shard);
+      if (shard !== undefined && push.epoch < shard.epoch) {
+        this.metrics.stalePushes.inc();
+        continue;
+      }
+      if (!this.users.has(push.user)) {
+        if (broadcast) continue;
+        strays++;
+        this.routes.stray(push.user);
+        continue;
+      }
+      if (broadcast) this.routes.reassert(push.user);
+      received++;
+      // once per entry here, before the fan-out to this user's devices; ts is the dispatcher's clock
+      this.metrics.pushLatency.observe(Math.max(0, now - push.entry.ts) / 1000);
+      // most batches hold one push per user: no map for those
+      if (one === undefined) {
+        one = [push];
+        oneUser = push.user;
+      } else if (byUser === undefined && oneUser === push.user) {
+        one.push(push);
+      } else {
+        byUser ??= new Map([[oneUser, one]]);
+        const list = byUser.get(push.user);
+        if (list === undefined) byUser.set(push.user, [push]);
+        else list.push(push);
+      }
     }
-    const shard = this.registry.state.shards.get(push.shard);
-    if (shard !== undefined && push.epoch < shard.epoch) {
-      this.metrics.stalePushes.inc();
-      return;
+    if (received > 0) this.metrics.pushesReceived.inc(received);
+    if (strays > 0) this.metrics.strayPushes.inc(strays);
+    if (byUser === undefined) {
+      if (one !== undefined) this.deliver(oneUser, one);
+    } else {
+      for (const [user, pushes] of byUser) this.deliver(user, pushes);
     }
-    // once per entry here, before the fan-out to this user's devices; ts is the dispatcher's clock
-    this.metrics.pushLatency.observe(Math.max(0, Date.now() - push.entry.ts) / 1000);
-    for (const s of u.sessions) s.onPush(push);
+  }
+
+  private deliver(user: string, pushes: readonly Push[]): void {
+    for (const s of this.users.get(user)?.sessions ?? []) s.onPushes(pushes);
   }
 
   private onRegistry(state: RegistryState): void {
@@ -136,7 +177,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
    * not a Redis command, promise and closure per session: on an idle gateway those kept V8 from
    * ever seeing an idle heap to shrink.
    */
-  startTailChecks(everyS: number, heads: (users: readonly string[]) => Promise<(MailboxSeq | undefined)[]>): void {
+  startTailChecks(everyS: number, heads: (users: readonly string[]) => Promise<UserHead[]>): void {
     if (everyS <= 0) return;
     let tick = 0;
     let running = false;
@@ -152,7 +193,9 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
       heads(list)
         .then((hs) => {
           for (let k = 0; k < list.length; k++) {
-            const head = hs[k];
+            const { head, routes } = hs[k] ?? { head: undefined, routes: [] };
+            // a route Redis lost alone (an eviction): registered again, with what was missed read
+            this.routes.verify(list[k]!, routes);
             for (const s of this.users.get(list[k]!)?.sessions ?? []) {
               const at = s.tailPosition();
               // no head in Redis (the user's hash vanished) is "unknown": the session asks the stream
@@ -170,7 +213,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
 
   close(): void {
     clearInterval(this.tailTimer);
-    for (const u of this.users.values()) u.sub.unsubscribe();
+    this.pushes.stop();
     this.users.clear();
   }
 }

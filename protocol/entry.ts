@@ -2,10 +2,11 @@
  * What a mailbox entry looks like inside NATS:
  * - in a shard stream, the body `{id, d, ts, b}` (message id, dispatch id, ms, bytes) under the
  *   subject `mbx.<shard>.<user>.<lane>` (DESIGN section 4);
- * - on `push.<user>`, `{shard, epoch, e: Entry, pa}` published by the owning worker; `pa` is the
- *   user's previous seq over all lanes (nil when unknown), so a gateway can tell a lost push in any
- *   lane before it sends a later entry (a lane's `prev` alone finds the loss only at that lane's next
- *   entry, when the missing seq is already below what the device has).
+ * - in a push batch (`jetgate.push.gw.<gateway>`, `jetgate.push.any`), an array of
+ *   `{u, shard, epoch, e: Entry, pa}` published by the owning worker; `pa` is the user's previous
+ *   seq over all lanes (nil when unknown), so a gateway can tell a lost push in any lane before it
+ *   sends a later entry (a lane's `prev` alone finds the loss only at that lane's next entry, when
+ *   the missing seq is already below what the device has).
  *
  * Both are read on hot paths (every entry a worker processes, every push a gateway fans out), so
  * they are checked by hand rather than by zod; the checks are as strict as the frame schemas.
@@ -49,7 +50,7 @@ function asMap(bytes: Uint8Array, what: string): Record<string, unknown> {
   return v as Record<string, unknown>;
 }
 
-function checkId(kind: "message" | "dispatch" | "lane", v: unknown, what: string): string {
+function checkId(kind: "message" | "dispatch" | "lane" | "user", v: unknown, what: string): string {
   const p = idProblem(kind, v);
   if (p !== undefined) throw new EntryFormatError(`${what}: ${kind} id ${p}`);
   return v as string;
@@ -84,6 +85,7 @@ export function decodeStoredEntry(bytes: Uint8Array): StoredEntry {
 }
 
 export interface Push {
+  user: string;
   shard: number;
   epoch: number;
   entry: Entry;
@@ -91,10 +93,13 @@ export interface Push {
   prevAll: bigint | null;
 }
 
-/** Encodes a push; the entry inside is the wire entry, so a gateway can forward it as it is. */
+/**
+ * Encodes one push on its own, for splicing into batches with `encodePushBatch`: a push routed to
+ * several gateways is encoded once. The entry inside is the wire entry.
+ */
 export function encodePush(p: Push): Uint8Array {
   return encodeWith((w) => {
-    w.mapHeader(4).str("shard").uint(p.shard).str("epoch").uint(p.epoch).str("pa");
+    w.mapHeader(5).str("u").str(p.user).str("shard").uint(p.shard).str("epoch").uint(p.epoch).str("pa");
     if (p.prevAll === null) w.nil();
     else w.uint(p.prevAll);
     w.str("e");
@@ -102,8 +107,43 @@ export function encodePush(p: Push): Uint8Array {
   });
 }
 
-export function decodePush(bytes: Uint8Array): Push {
-  const m = asMap(bytes, "push");
+/** One NATS message of pushes (a msgpack array), from pushes encoded by `encodePush`. */
+export function encodePushBatch(encoded: readonly Uint8Array[]): Uint8Array {
+  return encodeWith((w) => {
+    w.arrayHeader(encoded.length);
+    for (const e of encoded) w.raw(e);
+  });
+}
+
+/**
+ * The pushes of a batch message, in order. A push that does not read is left out and counted (one
+ * bad push must not cost the others); a message that is not a batch at all throws.
+ */
+export function decodePushBatch(bytes: Uint8Array): { pushes: Push[]; unreadable: number } {
+  let v: unknown;
+  try {
+    v = unpackOne(bytes);
+  } catch (err) {
+    throw new EntryFormatError("push batch is not msgpack", { cause: err });
+  }
+  if (!Array.isArray(v)) throw new EntryFormatError("push batch is not an array");
+  const pushes: Push[] = [];
+  let unreadable = 0;
+  for (const item of v) {
+    try {
+      pushes.push(readPush(item));
+    } catch (err) {
+      if (!(err instanceof EntryFormatError)) throw err;
+      unreadable++;
+    }
+  }
+  return { pushes, unreadable };
+}
+
+function readPush(v: unknown): Push {
+  if (v === null || typeof v !== "object" || Array.isArray(v) || v instanceof Uint8Array) throw new EntryFormatError("push is not a map");
+  const m = v as Record<string, unknown>;
+  const user = checkId("user", m.u, "push");
   const shard = m.shard;
   const epoch = m.epoch;
   if (typeof shard !== "number" || !Number.isInteger(shard) || shard < 0 || shard > 0xffffffff) throw new EntryFormatError("push: bad shard");
@@ -120,7 +160,7 @@ export function decodePush(bytes: Uint8Array): Push {
     b: checkBytes(x.b, "push"),
   };
   const prevAll = m.pa === null || m.pa === undefined ? null : checkU64(m.pa, "push pa");
-  return { shard, epoch, entry, prevAll };
+  return { user, shard, epoch, entry, prevAll };
 }
 
 /**

@@ -9,7 +9,7 @@ export const ID_PATTERN = /^[A-Za-z0-9_-]+$/;
 export const MAX_ID_LENGTH = 64;
 export const MAX_LANE_LENGTH = 32;
 
-export type IdKind = "user" | "device" | "lane" | "message" | "dispatch" | "cmid" | "log" | "session" | "worker";
+export type IdKind = "user" | "device" | "lane" | "message" | "dispatch" | "cmid" | "log" | "session" | "worker" | "gateway";
 
 export class InvalidIdError extends JetgateError {
   readonly kind: IdKind;

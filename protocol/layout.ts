@@ -82,6 +82,11 @@ export class RedisKeys {
     return `${this.prefix}:{health}:${process}`;
   }
 
+  /** Sorted set of gateways, scored by their last beat (Redis's clock, s): workers stop routing to silent ones. */
+  gateways(): string {
+    return `${this.prefix}:{gateways}`;
+  }
+
   /** Sorted set of live workers, scored by the expiry of their heartbeat. */
   workers(): string {
     return `${this.prefix}:{workers}`;
@@ -97,6 +102,23 @@ export function seqKey(seq: bigint): string {
 
 /** Field of the watermark hash: the user's highest seq over all lanes (a push's `pa`). */
 export const WATERMARK_ALL = "_all";
+
+/**
+ * The watermark hash's other fields. Their names hold a `:`, which no lane id can (lanes are
+ * `[A-Za-z0-9_-]`), and their values are not seqs: readers of the lanes skip them.
+ */
+export const HASH_FIELDS = {
+  /**
+   * The gateways that hold (or are about to hold) a session of the user, `,`-separated; "" when
+   * none. Missing (a new, expired, evicted or flushed hash): the worker sends the user's next
+   * entry to every gateway and sets it to "", and the gateways holding the user register again.
+   */
+  routes: ":r",
+  /** When (Redis's clock, s) the worker last set the hash's expiry. */
+  hashExpirySetAt: ":tw",
+  /** When (Redis's clock, s) the worker last set the hot cache's expiry. */
+  cacheExpirySetAt: ":th",
+} as const;
 
 // ---- the hot cache --------------------------------------------------------------------------
 
@@ -164,12 +186,22 @@ export function parseCacheRow(fields: readonly Buffer[]): CacheRow | undefined {
  * touch the other slots of its node). ARGV[1]: `key part 1|key part 2|log|shard|dedup ttl|cache
  * maxlen|cache ttl|watermark ttl`; ARGV[2]: one `user|dispatch|offset|lane|seq|cache row
  * id|body length` per entry, `;`-separated; ARGV[3]: the entry bodies, concatenated. Returns
- * `first|prev|prevAll` per entry, `;`-separated.
+ * `first|prev|prevAll|routes` per entry, `;`-separated; routes is the user's gateways,
+ * `,`-separated (empty: no session anywhere), or `?` when the hash had no routes field (new,
+ * expired, evicted, flushed): the entry then goes to every gateway, and the field is set to "".
+ *
+ * Four commands per entry: SET NX (dedup), HMGET, XADD, HSET. TTLs are refreshed lazily: each key's
+ * expiry is set to its TTL plus a slack of an eighth, at most once per slack (the hash keeps when,
+ * by Redis's clock), so a key lives at least its TTL after its last write. A hot cache that is
+ * gone (its TTL, an eviction) is noticed by XADD NOMKSTREAM and made again with its expiry.
  */
 export const APPLY_BATCH_LUA = `#!lua flags=allow-cross-slot-keys
 local s = {}
 for x in string.gmatch(ARGV[1], '[^|]+') do s[#s + 1] = x end
-local k1, k2, log, shard, dedupTtl, maxlen, cacheTtl, wmTtl = s[1], s[2], s[3], s[4], s[5], tonumber(s[6]), s[7], s[8]
+local k1, k2, log, shard, dedupTtl, maxlen, cacheTtl, wmTtl = s[1], s[2], s[3], s[4], s[5], tonumber(s[6]), tonumber(s[7]), tonumber(s[8])
+local cacheSlack = math.max(1, math.floor(cacheTtl / 8))
+local wmSlack = math.max(1, math.floor(wmTtl / 8))
+local now = tonumber(redis.call('TIME')[1])
 local out = {}
 local pos = 1
 local i = 0
@@ -188,21 +220,92 @@ for item in string.gmatch(ARGV[2], '[^;]+') do
   if not redis.call('SET', dd, token, 'NX', 'EX', dedupTtl) then
     if redis.call('GET', dd) ~= token then first = 0 end
   end
-  local wm = redis.call('HMGET', wmKey, lane, '${WATERMARK_ALL}')
-  local prev, prevAll = wm[1], wm[2]
+  local wm = redis.call('HMGET', wmKey, lane, '${WATERMARK_ALL}', '${HASH_FIELDS.routes}', '${HASH_FIELDS.hashExpirySetAt}', '${HASH_FIELDS.cacheExpirySetAt}')
+  local prev, prevAll, routes, wmAt, hcAt = wm[1], wm[2], wm[3], tonumber(wm[4]), tonumber(wm[5])
   local set = {}
   if (not prev) or prev < seq then set[#set + 1] = lane; set[#set + 1] = seq end
   if (not prevAll) or prevAll < seq then set[#set + 1] = '${WATERMARK_ALL}'; set[#set + 1] = seq end
+  -- no routes field: this entry goes to every gateway, and those with the user's sessions register again
+  if not routes then set[#set + 1] = '${HASH_FIELDS.routes}'; set[#set + 1] = '' end
   if maxlen > 0 then
     -- the row carries the user's previous seq: readers check coverage on the rows alone
-    redis.pcall('XADD', hc, 'MAXLEN', maxlen, rowId, '${CACHE_FIELDS.seq}', seq, '${CACHE_FIELDS.prev}', prev or '', '${CACHE_FIELDS.prevAll}', prevAll or '', '${CACHE_FIELDS.lane}', lane, '${CACHE_FIELDS.entry}', body, '${CACHE_FIELDS.shard}', shard)
-    redis.call('EXPIRE', hc, cacheTtl)
+    local row = {'MAXLEN', maxlen, rowId, '${CACHE_FIELDS.seq}', seq, '${CACHE_FIELDS.prev}', prev or '', '${CACHE_FIELDS.prevAll}', prevAll or '', '${CACHE_FIELDS.lane}', lane, '${CACHE_FIELDS.entry}', body, '${CACHE_FIELDS.shard}', shard}
+    local added = redis.pcall('XADD', hc, 'NOMKSTREAM', unpack(row))
+    if added == false then
+      redis.pcall('XADD', hc, unpack(row))
+      hcAt = nil
+    end
+    if (not hcAt) or now - hcAt >= cacheSlack then
+      redis.call('EXPIRE', hc, cacheTtl + cacheSlack)
+      set[#set + 1] = '${HASH_FIELDS.cacheExpirySetAt}'; set[#set + 1] = now
+    end
   end
+  local wmExpire = (not wmAt) or now - wmAt >= wmSlack
+  if wmExpire then set[#set + 1] = '${HASH_FIELDS.hashExpirySetAt}'; set[#set + 1] = now end
   if #set > 0 then redis.call('HSET', wmKey, unpack(set)) end
-  redis.call('EXPIRE', wmKey, wmTtl)
-  out[i] = first .. '|' .. (prev or '') .. '|' .. (prevAll or '')
+  if wmExpire then redis.call('EXPIRE', wmKey, wmTtl + wmSlack) end
+  out[i] = first .. '|' .. (prev or '') .. '|' .. (prevAll or '') .. '|' .. (routes or '?')
 end
 return table.concat(out, ';')
+`;
+
+/**
+ * A gateway adds itself to a user's routes (it holds a session of the user, or is about to), and
+ * reads the user's head in the same step: an entry the worker processed before this ran is at or
+ * below that head, one after it is routed here. The hash's expiry is set to the watermark TTL
+ * (a hash made here gets one; a held user's hash does not expire under its sessions).
+ * KEYS: watermarks; ARGV: gateway, ttl s. Returns `_all` or ''.
+ */
+export const ROUTE_ADD_LUA = `
+local r = redis.call('HGET', KEYS[1], '${HASH_FIELDS.routes}')
+local gw = ARGV[1]
+if (not r) or r == '' then
+  redis.call('HSET', KEYS[1], '${HASH_FIELDS.routes}', gw)
+elseif string.find(',' .. r .. ',', ',' .. gw .. ',', 1, true) == nil then
+  redis.call('HSET', KEYS[1], '${HASH_FIELDS.routes}', r .. ',' .. gw)
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return redis.call('HGET', KEYS[1], '${WATERMARK_ALL}') or ''
+`;
+
+/**
+ * Removes gateways from a user's routes (a gateway whose last session of the user closed, or the
+ * worker dropping gateways that stopped beating). KEYS: watermarks; ARGV: the gateways. Returns
+ * how many were removed.
+ */
+export const ROUTE_DROP_LUA = `
+local r = redis.call('HGET', KEYS[1], '${HASH_FIELDS.routes}')
+if (not r) or r == '' then return 0 end
+local drop = {}
+for _, g in ipairs(ARGV) do drop[g] = true end
+local keep = {}
+local removed = 0
+for g in string.gmatch(r, '[^,]+') do
+  if drop[g] then removed = removed + 1 else keep[#keep + 1] = g end
+end
+if removed > 0 then redis.call('HSET', KEYS[1], '${HASH_FIELDS.routes}', table.concat(keep, ',')) end
+return removed
+`;
+
+/**
+ * A gateway's beat: its score in the gateways' sorted set is Redis's clock (seconds), so workers
+ * and gateways never compare two machines' clocks. Members silent for a week are removed.
+ * KEYS: gateways; ARGV: gateway. Returns 1 when the gateway was not in the set (its first beat,
+ * or Redis lost the set: then it lost routes too, and the gateway registers every one again).
+ */
+export const GATEWAY_BEAT_LUA = `
+local now = tonumber(redis.call('TIME')[1])
+local added = redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 7 * 86400)
+return added
+`;
+
+/** The gateways' beats and Redis's time: `{now, gateway, score, gateway, score, ...}`. KEYS: gateways. */
+export const GATEWAYS_SEEN_LUA = `
+local out = {tostring(redis.call('TIME')[1])}
+local z = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for _, v in ipairs(z) do out[#out + 1] = v end
+return out
 `;
 
 /**
@@ -272,6 +375,10 @@ return 0
  */
 export const REDIS_SCRIPTS = {
   jgApplyBatch: { lua: APPLY_BATCH_LUA, numberOfKeys: 1 },
+  jgRouteAdd: { lua: ROUTE_ADD_LUA, numberOfKeys: 1 },
+  jgRouteDrop: { lua: ROUTE_DROP_LUA, numberOfKeys: 1 },
+  jgGatewayBeat: { lua: GATEWAY_BEAT_LUA, numberOfKeys: 1 },
+  jgGatewaysSeen: { lua: GATEWAYS_SEEN_LUA, numberOfKeys: 1 },
   jgAckStore: { lua: ACK_STORE_LUA, numberOfKeys: 2 },
   jgPresenceClaim: { lua: PRESENCE_CLAIM_LUA, numberOfKeys: 1 },
   jgPresenceRelease: { lua: PRESENCE_RELEASE_LUA, numberOfKeys: 1 },

@@ -50,10 +50,20 @@ export function parseEntrySubject(subject: string): { shard: number; user: strin
   return { shard, user, lane };
 }
 
-/** Core NATS subject of a user's live pushes. */
-export function pushSubject(user: string): string {
-  return `push.${assertId("user", user)}`;
+/**
+ * Core NATS subject of the live pushes routed to one gateway: batches of every entry of the users
+ * with sessions there (the workers learn where from the users' watermark hashes).
+ */
+export function routedPushSubject(gateway: string): string {
+  return `jetgate.push.gw.${assertId("gateway", gateway)}`;
 }
+
+/**
+ * Pushes of users whose routes Redis did not have (a new, expired, evicted or flushed hash): every
+ * gateway reads them, and those holding the user register again. One token fewer than a
+ * gateway's subject, so no gateway id can name it.
+ */
+export const BROADCAST_PUSH_SUBJECT = "jetgate.push.any";
 
 /** Upstream subject of a device's SEND frames. */
 export function ingressSubject(user: string, device: string): string {

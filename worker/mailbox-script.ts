@@ -11,7 +11,9 @@
  *    The same for the user over all lanes (`_all`): the push's `pa`, which gateways use to detect a
  *    lost push before sending anything after it. Seqs are 20-digit decimal strings, compared as
  *    strings: Lua numbers are doubles.
- * 3. hot cache: XADD with id `<epoch>-<offset>` (Redis keeps ids increasing, so a zombie's older
+ * 3. routes: the gateways holding the user's sessions, which gateways write into the same hash
+ *    (`HASH_FIELDS.routes`); the worker sends the entry's push to those only (worker/push-router.ts).
+ * 4. hot cache: XADD with id `<epoch>-<offset>` (Redis keeps ids increasing, so a zombie's older
  *    epoch cannot write behind newer entries: its XADD fails and is ignored), bounded by MAXLEN and a
  *    TTL. Each row carries the user's previous seq (`prevAll`), so a reader sees from the rows alone
  *    whether the cache holds every entry of a range: any key may vanish on its own (its TTL, an
@@ -53,13 +55,18 @@ export interface BatchEntry {
 
 /**
  * `first`: false for a duplicate (not pushed). `prev`/`prevAll`: the previous seq of the lane and of
- * the user over all lanes (20-digit), each null when unknown.
+ * the user over all lanes (20-digit), each null when unknown. `routes`: the gateways that hold the
+ * user's sessions (empty: none), undefined when Redis had no routes for the user (the push then
+ * goes to every gateway).
  */
 export interface ApplyEntryResult {
   first: boolean;
   prev: string | null;
   prevAll: string | null;
+  routes: readonly string[] | undefined;
 }
+
+const NO_ROUTES: string[] = [];
 
 type ScriptClient = RedisClient & {
   jgApplyBatch(route: string, head: string, headers: string, bodies: Buffer): Promise<string>;
@@ -83,8 +90,13 @@ export async function applyBatch(redis: RedisClient, keys: RedisKeys, shared: Ba
       const rows = reply.split(";");
       if (rows.length !== indexes.length) throw new Error(`apply batch: ${rows.length} results for ${indexes.length} entries`);
       for (let j = 0; j < rows.length; j++) {
-        const [first, prev, prevAll] = rows[j]!.split("|");
-        results[indexes[j]!] = { first: first === "1", prev: prev || null, prevAll: prevAll || null };
+        const [first, prev, prevAll, routes] = rows[j]!.split("|");
+        results[indexes[j]!] = {
+          first: first === "1",
+          prev: prev || null,
+          prevAll: prevAll || null,
+          routes: routes === "?" || routes === undefined ? undefined : routes === "" ? NO_ROUTES : routes.split(","),
+        };
       }
     }),
   );

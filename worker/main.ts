@@ -13,14 +13,22 @@ import {
   connectNats,
   connectRedis,
   exitOnUnhandledRejection,
+  type RedisClient,
   loadConfig,
   onShutdownSignal,
   registryLogging,
   runAsMain,
   startOpsHttp,
 } from "../protocol/index.js";
+import { GatewayBeats } from "./gateway-beats.js";
 import { WorkerMetrics } from "./metrics.js";
+import { PushRouter } from "./push-router.js";
 import { Worker } from "./worker.js";
+
+type RoutingClient = RedisClient & {
+  jgRouteDrop(key: string, ...gateways: string[]): Promise<number>;
+  jgGatewaysSeen(key: string): Promise<string[]>;
+};
 
 export async function runWorker(env: Record<string, string | undefined> = process.env): Promise<void> {
   const config = loadConfig(env, "worker");
@@ -38,8 +46,23 @@ export async function runWorker(env: Record<string, string | undefined> = proces
     timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, log, metrics: { registry: metrics.registry, prefix: "jetgate_worker_" },
     redisProbeKey: new RedisKeys(config.JETGATE_REDIS_PREFIX).healthProbe(`worker-${workerId}`),
   }).start();
+  const keys = new RedisKeys(config.JETGATE_REDIS_PREFIX);
+  const routing = redis as RoutingClient;
+  const beats = new GatewayBeats(() => routing.jgGatewaysSeen(keys.gateways()), () => pushes.forgetDrops());
+  const pushes = new PushRouter(
+    {
+      publish: (subject, data) => {
+        nc.publish(subject, data);
+        metrics.pushMessages.inc();
+      },
+      dropRoutes: (user, gateways) => void routing.jgRouteDrop(keys.watermarks(user), ...gateways).catch(() => undefined),
+      note: (what) => ({ unrouted: metrics.unroutedPushes, broadcast: metrics.broadcastPushes, silent: metrics.silentRoutes })[what].inc(),
+    },
+    beats,
+  );
+  beats.start();
   const worker = new Worker(
-    { nc, redis, keys: new RedisKeys(config.JETGATE_REDIS_PREFIX), registry, metrics, log, workerId, config },
+    { nc, redis, keys, registry, metrics, log, workerId, config, pushes },
     { leaseMs: config.JETGATE_LEASE_MS, nats: { answering: () => health.answering("nats"), silentMs: () => health.silentMs("nats"), timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS } },
   );
   const http = await startOpsHttp(config.JETGATE_WORKER_HTTP_PORT, config.JETGATE_METRICS_HOST, metrics.registry, {
@@ -63,6 +86,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
     log.info({ signal }, "stopping: finishing batches, releasing leases");
     void (async () => {
       await worker.stop();
+      beats.stop();
       health.stop();
       stats.unsubscribe();
       await registry.close().catch(() => undefined);

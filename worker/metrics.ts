@@ -19,7 +19,10 @@ export class WorkerMetrics {
   readonly registryRecord: Gauge;
   readonly deliveryGaps: Counter<"shard">;
   readonly batches: Counter<"shard">;
-  readonly pushMessages: Counter<"shard">;
+  readonly pushMessages: Counter;
+  readonly unroutedPushes: Counter;
+  readonly broadcastPushes: Counter;
+  readonly silentRoutes: Counter;
 
   constructor() {
     const registers = [this.registry];
@@ -41,7 +44,10 @@ export class WorkerMetrics {
     this.lease = g("jetgate_worker_lease_held", "1 while this worker holds the shard's lease.");
     // entries per batch = entries_processed / batches; entries per push message = entries_pushed / push_messages
     this.batches = c("jetgate_worker_batches_total", "Batches processed (one Redis step, one confirmation, one ack each).", ["shard"]);
-    this.pushMessages = c("jetgate_worker_push_messages_total", "NATS messages published to gateways for live pushes.", ["shard"]);
+    this.pushMessages = new Counter({ name: "jetgate_worker_push_messages_total", help: "NATS messages published to gateways for live pushes (each carries every push for one gateway since the last).", registers });
+    this.broadcastPushes = new Counter({ name: "jetgate_worker_broadcast_pushes_total", help: "Pushes sent to every gateway because Redis had no routes for the user (a new, expired, evicted or flushed hash: once per hash); the gateways holding the user register again.", registers });
+    this.unroutedPushes = new Counter({ name: "jetgate_worker_unrouted_entries_total", help: "Entries (first copies) whose user has no session on any gateway: no push message at all.", registers });
+    this.silentRoutes = new Counter({ name: "jetgate_worker_silent_routes_total", help: "Pushes not sent to a gateway in a user's routes because it stopped beating (it is dropped from the routes).", registers });
     this.deliveryGaps = c("jetgate_worker_delivery_gaps_total", "Entries the shard consumer skipped (a delivery lost in flight), fetched from the stream by offset instead.", ["shard"]);
     this.registryRecord = new Gauge({ name: "jetgate_worker_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });
     this.regressions.inc({ component: "worker" }, 0);

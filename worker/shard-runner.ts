@@ -10,8 +10,9 @@
  * older ones. A zombie owner's fetches and acks then fail, and it also stops as soon as its
  * registry view shows the newer epoch (fencing).
  *
- * Batch: Redis work for every entry (concurrent, auto-pipelined), then pushes, then one AckAll ack
- * of the last message. A crash between any two steps re-processes the batch under a newer epoch.
+ * Batch: Redis work for every entry (one script call per Redis node), then pushes (routed to the
+ * gateways of each user, worker/push-router.ts), then one AckAll ack of the highest offset. A crash
+ * between any two steps re-processes the batch under a newer epoch.
  */
 import type { Logger } from "pino";
 import type { MsgHdrs, NatsConnection } from "@nats-io/transport-node";
@@ -37,12 +38,10 @@ import {
   decodeStoredEntry,
   deriveSeq,
   entryOwner,
-  encodePush,
   entrySubject,
   logOfStream,
   parseEntrySubject,
   planTakeover,
-  pushSubject,
   shardStream,
   type Config,
   type RedisClient,
@@ -53,6 +52,7 @@ import {
 } from "../protocol/index.js";
 import { applyBatch, type ApplyEntryResult, type BatchEntry, type BatchShared } from "./mailbox-script.js";
 import type { WorkerMetrics } from "./metrics.js";
+import type { PushRouter } from "./push-router.js";
 
 export type RunnerState =
   | { type: "starting" }
@@ -67,6 +67,8 @@ export interface RunnerDeps {
   metrics: WorkerMetrics;
   log: Logger;
   workerId: string;
+  /** Where pushes go: one router for every shard of the worker, flushed after each batch's pushes. */
+  pushes: PushRouter;
   config: Pick<
     Config,
     | "JETGATE_WORKER_BATCH"
@@ -376,9 +378,11 @@ export class ShardRunner {
       const prev = r.prev === null ? null : BigInt(r.prev);
       const prevAll = r.prevAll === null ? null : BigInt(r.prevAll);
       const entry = { seq: it.seq, id: it.id, lane: it.lane, prev, ts: it.ts, b: it.b };
-      this.d.nc.publish(pushSubject(it.user), encodePush({ shard: this.shard, epoch, entry, prevAll }));
+      this.d.pushes.route({ user: it.user, shard: this.shard, epoch, entry, prevAll }, r.routes);
       pushed++;
     }
+    // before the ack, on the same connection: a crash never acks an entry whose push is not out
+    this.d.pushes.flush();
     if (forwards.length > 0) await this.forward(forwards);
     this.fault("push");
     // AckAll: everything up to the highest offset (a batch of redeliveries only: acked again, harmless)
@@ -387,8 +391,6 @@ export class ShardRunner {
     this.d.metrics.processed.inc(this.label, items.length + forwards.length);
     this.d.metrics.pushed.inc(this.label, pushed);
     this.d.metrics.batches.inc(this.label);
-    // one message per pushed entry today (what routed, batched pushes would cut)
-    this.d.metrics.pushMessages.inc(this.label, pushed);
     this.d.metrics.offset.set(this.label, this.lastOffset);
     return true;
   }

@@ -22,7 +22,7 @@ import {
 import type { ShardBounds } from "../../gateway/auth-decision.js";
 import { ShardNotReadyError } from "../../gateway/gather.js";
 import { GatewayMetrics } from "../../gateway/metrics.js";
-import type { HubMember, MailboxSource, ReadOptions, RegistryView, SessionHub, SessionPorts, Source, Transport, Watermarks } from "../../gateway/ports.js";
+import type { HubMember, MailboxSource, PushSource, ReadOptions, RegistryView, RoutePort, SessionHub, SessionPorts, Source, Transport, Watermarks } from "../../gateway/ports.js";
 import { Session } from "../../gateway/session.js";
 
 interface Stored {
@@ -38,7 +38,7 @@ export class FakeRegistry implements RegistryView {
   shards: ShardMap;
   syncs = 0;
   syncFails = false;
-  private readonly listeners: (() => void)[] = [];
+  private readonly listeners: ((s: RegistryState) => void)[] = [];
 
   constructor(shards: ShardState[]) {
     this.state = applyRecord({ seq: 0, shards: new Map() }, 1, { v: 1, op: "init", at: 0, by: "test", shards });
@@ -48,11 +48,12 @@ export class FakeRegistry implements RegistryView {
   apply(shards: ShardState[], op: "takeover" | "split" | "rebuild" = "takeover"): void {
     this.state = applyRecord(this.state, this.state.seq + 1, { v: 1, op, at: 0, by: "test", shards });
     this.shards = new ShardMap(this.state);
-    for (const l of this.listeners) l();
+    for (const l of this.listeners) l(this.state);
   }
 
-  onChange(l: () => void): void {
+  onChange(l: (s: RegistryState) => void): () => void {
     this.listeners.push(l);
+    return () => this.listeners.splice(this.listeners.indexOf(l), 1);
   }
 
   async sync(): Promise<void> {
@@ -104,7 +105,7 @@ export class FakeMailbox implements MailboxSource {
     const before = log.findLast((x) => x.user === user);
     const entry = this.append(shard, user, lane);
     const s = this.state(shard);
-    return { shard, epoch: s.epoch, entry, prevAll: before === undefined ? 0n : deriveSeq(s, s.log, before.offset)! };
+    return { user, shard, epoch: s.epoch, entry, prevAll: before === undefined ? 0n : deriveSeq(s, s.log, before.offset)! };
   }
 
   lastOffset(shard: number): number {
@@ -193,11 +194,48 @@ export class FakeHub implements SessionHub {
     return true;
   }
 
-  /** A push on `push.<user>`: stale epochs dropped, as the real hub does. */
+  /** A push routed here: stale epochs dropped, as the real hub does. */
   push(user: string, p: Push): void {
     const s = this.registry.state.shards.get(p.shard);
     if (s !== undefined && p.epoch < s.epoch) return;
-    for (const m of this.members) if (m.user === user) m.onPush(p);
+    for (const m of this.members) if (m.user === user) m.onPushes([p]);
+  }
+}
+
+/** Routes in memory: what sessions acquired and released, and what the hub asked. */
+export class FakeRoutes implements RoutePort {
+  readonly held = new Map<string, number>();
+  readonly asked: string[] = [];
+  async acquire(user: string): Promise<void> {
+    this.held.set(user, (this.held.get(user) ?? 0) + 1);
+  }
+  release(user: string): void {
+    const n = (this.held.get(user) ?? 0) - 1;
+    if (n > 0) this.held.set(user, n);
+    else this.held.delete(user);
+  }
+  reassert(user: string): void {
+    this.asked.push(`reassert ${user}`);
+  }
+  verify(user: string, routes: readonly string[]): void {
+    this.asked.push(`verify ${user} ${routes.join(",")}`);
+  }
+  stray(user: string): void {
+    this.asked.push(`stray ${user}`);
+  }
+}
+
+/** A push source the test feeds by hand. */
+export class MemoryPushSource implements PushSource {
+  private handler: ((pushes: readonly Push[], broadcast: boolean) => void) | undefined;
+  start(onPushes: (pushes: readonly Push[], broadcast: boolean) => void): void {
+    this.handler = onPushes;
+  }
+  stop(): void {
+    this.handler = undefined;
+  }
+  deliver(pushes: readonly Push[], broadcast = false): void {
+    this.handler?.(pushes, broadcast);
   }
 }
 
@@ -249,6 +287,7 @@ export interface SessionRig {
   registry: FakeRegistry;
   mailbox: FakeMailbox;
   hub: FakeHub;
+  routes: FakeRoutes;
   ports: SessionPorts;
   acks: { user: string; device: string; seq: MailboxSeq }[];
   sent: { user: string; cmid: string }[];
@@ -261,6 +300,7 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
   const registry = new FakeRegistry(shards);
   const mailbox = new FakeMailbox(registry);
   const hub = new FakeHub(registry);
+  const routes = new FakeRoutes();
   const acks: SessionRig["acks"] = [];
   const sent: SessionRig["sent"] = [];
   const config: Config = loadConfig({ JETGATE_ENV: "development", JETGATE_AUTH_TIMEOUT_MS: "2000", ...env });
@@ -278,6 +318,7 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
     registry,
     mailbox,
     hub,
+    routes,
     presence: { claim: async () => "claimed", release: async () => undefined },
     acks: { store: async (user, device, seq) => (acks.push({ user, device, seq }), 0) },
     ingress: {
@@ -290,7 +331,7 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
   };
   let n = 0;
   return {
-    registry, mailbox, hub, ports, acks, sent,
+    registry, mailbox, hub, routes, ports, acks, sent,
     connect(id = `s${++n}`) {
       const t = new RecordingTransport();
       const session = new Session(id, t, ports);

@@ -6,7 +6,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { connect, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { Redis } from "ioredis";
-import { Dispatcher, REDIS_SCRIPTS, RegistryClient, connectNats, decodePush, loadConfig, type DispatcherOptions, type Push } from "../../protocol/index.js";
+import { Dispatcher, REDIS_SCRIPTS, RedisKeys, RegistryClient, connectNats, decodePushBatch, loadConfig, routedPushSubject, type DispatcherOptions, type Push } from "../../protocol/index.js";
 import { initRegistry } from "../../worker/index.js";
 import { NatsServer, RedisServer, freePort } from "./servers.js";
 
@@ -169,24 +169,44 @@ export function spawnGateway(env: Record<string, string>, extra: Record<string, 
   return spawnJetgate("gateway", "gateway/main.ts", "JETGATE_GATEWAY_PORT", "JETGATE_GATEWAY_METRICS_PORT", env, extra, nodeArgs, place);
 }
 
-/** Collects every push on `push.>`, decoded. */
+/**
+ * Collects live pushes, decoded. Started with a Redis URL it acts as a gateway of its own
+ * (COLLECTOR_GATEWAY): `watch(users)` adds it to those users' routes, so the workers send it every
+ * entry of theirs from then on. Without one it listens to every gateway's pushes
+ * (`jetgate.push.>`): what the gateways of the test get.
+ */
 export class PushCollector {
+  private subs: Subscription[] = [];
+
   private constructor(
     readonly nc: NatsConnection,
-    private readonly sub: Subscription,
     readonly pushes: { user: string; push: Push }[],
+    private readonly redis: (Redis & { jgRouteAdd(key: string, gw: string, ttl: number): Promise<string> }) | undefined,
+    private readonly keys: RedisKeys,
   ) {}
 
-  static async start(natsUrl: string): Promise<PushCollector> {
+  static async start(natsUrl: string, redisUrl?: string, prefix = loadConfig({}).JETGATE_REDIS_PREFIX): Promise<PushCollector> {
     const nc = await connect({ servers: natsUrl });
-    const pushes: { user: string; push: Push }[] = [];
-    const sub = nc.subscribe("push.>", {
+    const redis = redisUrl === undefined ? undefined : ((await redisClient(redisUrl)) as Redis & { jgRouteAdd(key: string, gw: string, ttl: number): Promise<string> });
+    const self = new PushCollector(nc, [], redis, new RedisKeys(prefix));
+    const sub = nc.subscribe(redisUrl === undefined ? "jetgate.push.>" : routedPushSubject(COLLECTOR_GATEWAY), {
       callback: (_e, m) => {
-        pushes.push({ user: m.subject.slice("push.".length), push: decodePush(m.data) });
+        for (const push of decodePushBatch(m.data).pushes) self.pushes.push({ user: push.user, push });
       },
     });
+    self.subs = [sub];
     await nc.flush();
-    return new PushCollector(nc, sub, pushes);
+    return self;
+  }
+
+  private async register(user: string): Promise<void> {
+    await this.redis!.jgRouteAdd(this.keys.watermarks(user), COLLECTOR_GATEWAY, 86_400);
+  }
+
+  /** Adds the collector to these users' routes (needs a Redis URL at start); again after Redis lost them. */
+  async watch(...users: string[]): Promise<void> {
+    if (this.redis === undefined) throw new Error("PushCollector.watch needs a Redis URL at start");
+    await Promise.all(users.map((u) => this.register(u)));
   }
 
   /** Message ids pushed per user. */
@@ -197,10 +217,14 @@ export class PushCollector {
   }
 
   async close(): Promise<void> {
-    this.sub.unsubscribe();
+    for (const sub of this.subs) sub.unsubscribe();
+    this.redis?.disconnect();
     await this.nc.close();
   }
 }
+
+/** The gateway id a PushCollector registers in users' routes. */
+export const COLLECTOR_GATEWAY = "test-collector";
 
 export async function redisClient(url: string): Promise<Redis> {
   // the scripts as connectRedis defines them, for tests that drive jetgate's Redis code directly

@@ -119,13 +119,14 @@ test("dispatch - each user's entries stay in dispatch order while publishes time
 });
 
 test("dispatch - the result's seq is the mailbox_seq the entry is pushed with (a decimal string over HTTP), offset the stream offset", async () => {
-  const pushes = await PushCollector.start(infra.nats.url);
+  const pushes = await PushCollector.start(infra.nats.url, infra.redis.url);
   const worker = await spawnWorker(infra.env, { JETGATE_WORKER_ID: "dw", JETGATE_LEASE_MS: "1000" });
   const gateway = await spawnGateway(infra.env, { JETGATE_SERVICE_TOKEN: "svc-secret" });
   const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
   try {
     await waitFor("the worker runs both shards", async () => (await worker.metric("jetgate_worker_lease_held")) === 2, { timeoutMs: 20_000 });
     const user = "hana";
+    await pushes.watch(user);
     const shard = registry.shards.shardOf(user)!;
     const post = async (id: string) => {
       const res = await fetch(`http://127.0.0.1:${gateway.httpPort}/v1/dispatch`, {

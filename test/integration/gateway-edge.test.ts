@@ -1,7 +1,7 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { bumpEpoch, composeSeq, encodePush, pack, pushSubject, type Entry } from "../../protocol/index.js";
+import { bumpEpoch, composeSeq, encodePush, encodePushBatch, pack, routedPushSubject, type Entry } from "../../protocol/index.js";
 import { startStack, freePortForTest } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { waitFor } from "../harness/wait.js";
@@ -10,7 +10,7 @@ import { waitFor } from "../harness/wait.js";
 const stack = await startStack({
   env: { JETGATE_MAX_PAYLOAD: "1024", JETGATE_RATE_FRAMES_PER_S: "50", JETGATE_RATE_BURST: "100", JETGATE_MAX_CONNS_PER_USER: "3", JETGATE_DRAIN_MS: "1500" },
   worker: false,
-  gateway: {},
+  gateway: { JETGATE_GATEWAY_ID: "edge-gw" },
 });
 after(() => stack.dispose());
 const { infra, nc, registry, dispatcher } = stack;
@@ -31,7 +31,7 @@ async function append(user: string, id: string): Promise<{ entry: Entry; shard: 
 }
 
 function push(user: string, a: { entry: Entry; shard: number }, prevAll: bigint | null, epoch = registry.state.shards.get(a.shard)!.epoch): void {
-  nc.publish(pushSubject(user), encodePush({ shard: a.shard, epoch, entry: a.entry, prevAll }));
+  nc.publish(routedPushSubject("edge-gw"), encodePushBatch([encodePush({ user, shard: a.shard, epoch, entry: a.entry, prevAll })]));
 }
 
 test("gateway edge - a lost push is detected by pa and filled from the stream before the next entry", async () => {

@@ -48,8 +48,9 @@ test("redis refusal - OOM under load (noeviction, maxmemory reached): not ready,
   const worker = stack.worker!;
   const gateway = stack.gateway!;
   const redis = await redisClient(stack.infra.redis.url);
-  const collector = await PushCollector.start(stack.infra.nats.url);
+  const collector = await PushCollector.start(stack.infra.nats.url, stack.infra.redis.url);
   const users = Array.from({ length: 20 }, (_, i) => `oom${i}`);
+  await collector.watch(...users);
   const load = new DispatchLoad(stack.dispatcher, users, { perTick: 4, everyMs: 20, prefix: "oom" });
   try {
     await sleep(500);

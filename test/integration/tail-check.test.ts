@@ -14,6 +14,7 @@ import type { HubMember } from "../../gateway/ports.js";
 import { SessionRegistry } from "../../gateway/sessions.js";
 import { initStack, startInfra } from "../harness/stack.js";
 import { waitFor } from "../harness/wait.js";
+import { FakeRoutes, MemoryPushSource } from "../harness/session-fakes.js";
 
 const infra = await startInfra();
 await initStack(infra.env);
@@ -31,7 +32,8 @@ function member(user: string, at: MailboxSeq): HubMember & { asked: (MailboxSeq 
   return {
     id: `s-${user}`, user, device: "d1", shard: 0, authAt: 1, asked,
     close: () => undefined,
-    onPush: (_p: Push) => undefined,
+    onPushes: (_p: readonly Push[]) => undefined,
+    catchUpTo: () => undefined,
     onShardChange: () => undefined,
     tailPosition: () => at,
     fillTail: (head) => void asked.push(head),
@@ -39,7 +41,8 @@ function member(user: string, at: MailboxSeq): HubMember & { asked: (MailboxSeq 
 }
 
 test("tail check - behind its user's head: asked with the head; no head in Redis: asked with none; up to date: not asked", async () => {
-  const hub = new SessionRegistry(nc, registry, new GatewayMetrics(), 1000, { warn: () => undefined });
+  const routes = new FakeRoutes();
+  const hub = new SessionRegistry(new MemoryPushSource(), routes, registry, new GatewayMetrics(), 1000, { warn: () => undefined });
   const behind = member("behind", 5n);
   const unknown = member("unknown", 5n);
   const current = member("current", 5n);
@@ -52,13 +55,15 @@ test("tail check - behind its user's head: asked with the head; no head in Redis
   try {
     hub.startTailChecks(1, async (users) => {
       asked.push([...users]);
-      return users.map((u) => heads.get(u));
+      return users.map((u) => ({ head: heads.get(u), routes: u === "unknown" ? [] : ["gw-here"] }));
     });
     await waitFor("a tail check", () => behind.asked.length > 0 && unknown.asked.length > 0, { timeoutMs: 5000 });
     assert.deepEqual(behind.asked[0], 9n);
     assert.equal(unknown.asked[0], undefined, "no head: the session asks the stream itself");
     assert.deepEqual(current.asked, [], "up to date: nothing to read");
     assert.deepEqual(asked[0]!.sort(), ["behind", "current", "unknown"], "one call for every live session's user");
+    // each user's routes go to the route table, which registers again where this gateway is missing
+    assert.deepEqual(routes.asked.slice(0, 3).sort(), ["verify behind gw-here", "verify current gw-here", "verify unknown "]);
   } finally {
     hub.close();
   }

@@ -18,13 +18,16 @@ interface Rig {
   close(): Promise<void>;
 }
 
+const users = Array.from({ length: 40 }, (_, i) => `u${i}`);
+
 async function rig(): Promise<Rig> {
   const infra = await startInfra({ JETGATE_LEASE_MS: String(LEASE_MS) });
   await initStack(infra.env);
   const nc = await connect({ servers: infra.nats.url });
   const registry = await RegistryClient.open(nc);
   const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
-  const pushes = await PushCollector.start(infra.nats.url);
+  const pushes = await PushCollector.start(infra.nats.url, infra.redis.url);
+  await pushes.watch(...users, "carl", "gail");
   const procs: JetgateProcess[] = [];
   return {
     infra, registry, dispatcher, pushes, procs,
@@ -56,7 +59,6 @@ async function twoWorkers(r: Rig, extraA: Record<string, string> = {}): Promise<
   return [a, b];
 }
 
-const users = Array.from({ length: 40 }, (_, i) => `u${i}`);
 
 test("takeover - SIGKILL the owner mid-stream: the survivor takes over within the lease, epoch +1 with its boundary, every entry pushed", async () => {
   const r = await rig();

@@ -19,9 +19,10 @@ after(() => stack.dispose());
 
 test("worker stall - Redis stalled 3x the consumer's ack wait under load: every entry pushed once, no regression, no skipped offset", async () => {
   const worker = stack.worker!;
-  const collector = await PushCollector.start(stack.infra.nats.url);
+  const collector = await PushCollector.start(stack.infra.nats.url, stack.infra.redis.url);
   const redis = await redisClient(stack.infra.redis.url);
   const users = Array.from({ length: 20 }, (_, i) => `st${i}`);
+  await collector.watch(...users);
   const load = new DispatchLoad(stack.dispatcher, users, { perTick: 5, everyMs: 20, prefix: "st" });
   try {
     await sleep(1000);

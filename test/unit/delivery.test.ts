@@ -6,7 +6,7 @@ import { TokenBucket } from "../../gateway/rate-limit.js";
 
 const S = (o: number) => composeSeq(1, o);
 const entry = (o: number, lane = "a"): Entry => ({ seq: S(o), id: `m${o}`, lane, prev: null, ts: 1, b: new Uint8Array() });
-const push = (o: number, prevAll: number | null): Push => ({ shard: 0, epoch: 1, entry: entry(o), prevAll: prevAll === null ? null : S(prevAll) });
+const push = (o: number, prevAll: number | null): Push => ({ user: "u", shard: 0, epoch: 1, entry: entry(o), prevAll: prevAll === null ? null : S(prevAll) });
 
 test("delivery - select sends only seqs above the last sent; the rest is counted, never sent", () => {
   const d = new Delivery(undefined, 10);

@@ -391,3 +391,69 @@ test("session - the stream reader's errors: not there is not ready, not answered
   const bug = new TypeError("a bug");
   assert.equal(streamCallError(bug, 3, true), bug);
 });
+
+test("session - a batch of pushes that follow each other goes out as one MSGS frame; a gap in it is filled first, in order", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  const { s, t } = await auth(r);
+  for (let i = 0; i < 50 && s.tailPosition() === undefined; i++) await new Promise((res) => setTimeout(res, 2));
+  const msgsBefore = t.of("MSGS").length;
+  const batch = [r.mailbox.appendPush(0, U), r.mailbox.appendPush(0, U), r.mailbox.appendPush(0, U)];
+  s.onPushes(batch);
+  assert.equal(t.of("MSGS").length, msgsBefore + 1, "one frame, sent at once (no await on the live path)");
+  assert.deepEqual(t.of("MSGS").at(-1)!.e.map((e) => e.seq), batch.map((p) => p.entry.seq));
+  // the second push of the next batch was lost: the first goes out, the gap is filled, then the rest
+  const [a, lost, c, d] = [r.mailbox.appendPush(0, U), r.mailbox.appendPush(0, U), r.mailbox.appendPush(0, U), r.mailbox.appendPush(0, U)];
+  s.onPushes([a!, c!, d!]);
+  await t.until(() => t.liveSeqs().includes(d!.entry.seq), "the batch after the gap");
+  assert.deepEqual(t.liveSeqs().slice(-4), [a!, lost!, c!, d!].map((p) => p.entry.seq));
+  assert.equal(await regressions(r), 0);
+});
+
+test("session - sessions of one user that send a whole batch send the same bytes (encoded once)", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  const one = await auth(r);
+  const two = r.connect();
+  frame(two.session, { t: "AUTH", v: 1, token: U, device: "d2" });
+  await two.t.until((f) => f.some((x) => x.t === "SYNCED"), "SYNCED");
+  for (const s of [one.s, two.session]) for (let i = 0; i < 50 && s.tailPosition() === undefined; i++) await new Promise((res) => setTimeout(res, 2));
+  const sent: Uint8Array[][] = [[], []];
+  const orig = [one.t, two.t].map((t) => t.send.bind(t));
+  one.t.send = (b) => (sent[0]!.push(b), orig[0]!(b));
+  two.t.send = (b) => (sent[1]!.push(b), orig[1]!(b));
+  const batch = [r.mailbox.appendPush(0, U), r.mailbox.appendPush(0, U)];
+  one.s.onPushes(batch);
+  two.session.onPushes(batch);
+  assert.equal(sent[0]!.length, 1);
+  assert.equal(sent[0]![0], sent[1]![0], "the very same bytes");
+});
+
+test("session - its user's route is acquired before the mailbox is read and released when it closes", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  const { s } = await auth(r);
+  assert.equal(r.routes.held.get(U), 1);
+  s.close(CloseCode.GOING_AWAY);
+  assert.equal(r.routes.held.has(U), false);
+  // a session refused before AUTH completes holds no route
+  const bad = r.connect();
+  frame(bad.session, { t: "AUTH", v: 1, token: "not a token", device: "d1" });
+  await bad.t.until(() => bad.t.closed !== undefined, "closed");
+  assert.equal(r.routes.held.size, 0);
+});
+
+test("session - a route registered again (Redis had lost it): what the session missed below the head is read and sent, even while busy", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  const { s, t } = await auth(r);
+  for (let i = 0; i < 50 && s.tailPosition() === undefined; i++) await new Promise((res) => setTimeout(res, 2));
+  const missed = [r.mailbox.appendPush(0, U), r.mailbox.appendPush(0, U)]; // routed nowhere: Redis had lost the route
+  s.catchUpTo(missed[1]!.entry.seq);
+  await t.until(() => t.liveSeqs().includes(missed[1]!.entry.seq), "the missed entries");
+  assert.deepEqual(t.liveSeqs().slice(-2), missed.map((p) => p.entry.seq));
+  const before = t.liveSeqs().length;
+  s.catchUpTo(missed[1]!.entry.seq); // nothing below that head is missing any more: nothing read
+  await new Promise((res) => setTimeout(res, 20));
+  assert.equal(t.liveSeqs().length, before);
+});

@@ -1,14 +1,15 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  entrySubject, pushSubject, ingressSubject, shardStream, userSubjects, parseEntrySubject, entryMsgId, ingressMsgId,
+  entrySubject, routedPushSubject, BROADCAST_PUSH_SUBJECT, ingressSubject, shardStream, userSubjects, parseEntrySubject, entryMsgId, ingressMsgId,
   InvalidIdError, InvalidShardError, assertId,
 } from "../../protocol/index.js";
 
 test("subjects - builders produce the documented names", () => {
   assert.equal(entrySubject(3, "alice", "chat"), "mbx.3.alice.chat");
   assert.equal(userSubjects(3, "alice"), "mbx.3.alice.*");
-  assert.equal(pushSubject("alice"), "push.alice");
+  assert.equal(routedPushSubject("gw-1"), "jetgate.push.gw.gw-1");
+  assert.equal(BROADCAST_PUSH_SUBJECT, "jetgate.push.any", "one token fewer than any gateway's subject");
   assert.equal(ingressSubject("alice", "phone-1"), "in.alice.phone-1");
   assert.equal(shardStream(12), "MBX_12");
   assert.equal(entryMsgId("d-1", "alice"), "d-1:alice");
@@ -20,7 +21,8 @@ test("subjects - builders produce the documented names", () => {
 
 test("subjects - unsafe ids never become subjects", () => {
   for (const bad of ["a.b", "a*", "a>", "a b", "", "x".repeat(65), "é", "a\nb"]) {
-    assert.throws(() => pushSubject(bad), (e: unknown) => e instanceof InvalidIdError && e.kind === "user", JSON.stringify(bad));
+    assert.throws(() => routedPushSubject(bad), (e: unknown) => e instanceof InvalidIdError && e.kind === "gateway", JSON.stringify(bad));
+    assert.throws(() => ingressSubject(bad, "d"), (e: unknown) => e instanceof InvalidIdError && e.kind === "user", JSON.stringify(bad));
     assert.throws(() => ingressSubject("ok", bad), (e: unknown) => e instanceof InvalidIdError && e.kind === "device");
     assert.throws(() => entrySubject(1, "ok", bad), (e: unknown) => e instanceof InvalidIdError && e.kind === "lane");
   }
