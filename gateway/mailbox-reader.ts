@@ -27,6 +27,7 @@ import {
   readerConsumerName,
   WATERMARK_ALL,
   HASH_FIELDS,
+  parseRoutes,
   type CacheRow,
   type Entry,
   type MailboxSeq,
@@ -182,19 +183,21 @@ export class MailboxReader implements MailboxSource {
   }
 
   /**
-   * The users' heads as Redis has them (`_all`; undefined where it has none) and their routes: one
-   * pipeline for them all, never the stream. The gateway's tail check asks for every live
+   * The users' heads as Redis has them (`_all`; undefined where it has none) and their routes, in
+   * one round trip per Redis node, never the stream. The gateway's tail check asks for every live
    * session's user this way.
    */
-  async cachedHeads(users: readonly string[]): Promise<{ head: MailboxSeq | undefined; routes: string[] }[]> {
-    if (users.length === 0) return [];
-    const p = this.redis.pipeline();
-    for (const u of users) p.hmget(this.keys.watermarks(u), WATERMARK_ALL, HASH_FIELDS.routes);
-    const replies = (await p.exec()) ?? [];
-    return users.map((_, i) => {
-      const [err, v] = replies[i] ?? [null, null];
-      const [all, routes] = err === null && Array.isArray(v) ? (v as (string | null)[]) : [null, null];
-      return { head: typeof all === "string" && SEQ_TEXT.test(all) ? BigInt(all) : undefined, routes: routes ? routes.split(",") : [] };
+  async cachedHeads(users: readonly string[]): Promise<({ head: MailboxSeq | undefined; routes: string[] } | undefined)[]> {
+    // one command per user, auto-pipelined: one round trip per Redis node. An explicit pipeline of
+    // keys in many slots is refused by a Redis Cluster ("same slots allocation group"), and the tail
+    // check read nothing there
+    const replies = await Promise.all(users.map((u) => this.redis.hmget(this.keys.watermarks(u), WATERMARK_ALL, HASH_FIELDS.routes).catch(() => null)));
+    if (replies.every((r) => r === null) && users.length > 0) throw new Error("no user's head could be read");
+    // a user whose read failed is left out of this check (undefined), not taken as having no head
+    return replies.map((v) => {
+      if (v === null) return undefined;
+      const [all, routes] = v;
+      return { head: typeof all === "string" && SEQ_TEXT.test(all) ? BigInt(all) : undefined, routes: routes ? parseRoutes(routes).gateways : [] };
     });
   }
 

@@ -20,8 +20,8 @@ import type { MailboxSeq, RedisClient, RedisKeys } from "../protocol/index.js";
 import type { RoutePort } from "./ports.js";
 
 type RouteClient = RedisClient & {
-  jgRouteAdd(key: string, gateway: string, ttlS: number): Promise<string>;
-  jgRouteDrop(key: string, ...gateways: string[]): Promise<number>;
+  jgRouteAdd(key: string, gateway: string, generation: number, ttlS: number): Promise<string>;
+  jgRouteDrop(key: string, maxGeneration: number, ...gateways: string[]): Promise<number>;
   jgGatewayBeat(key: string, gateway: string): Promise<number>;
 };
 
@@ -43,6 +43,8 @@ export class RouteTable implements RoutePort {
   /** Users whose stray routes were dropped since the last beat (at most once per beat each). */
   private readonly strays = new Set<string>();
   private lastBeat = -Infinity;
+  /** Registrations made so far (each add's token carries it: see parseRoutes). */
+  private generation = 0;
   private timers: NodeJS.Timeout[] = [];
   /** A user's route was registered again; `head` is the user's head then (undefined: Redis has none). */
   onRepaired: (user: string, head: MailboxSeq | undefined) => void = () => undefined;
@@ -80,8 +82,9 @@ export class RouteTable implements RoutePort {
     if (n > 1) return void this.held.set(user, n - 1);
     this.held.delete(user);
     this.pending.delete(user);
-    // same connection as any later add, so Redis runs them in the order they were sent
-    void this.redis.jgRouteDrop(this.keys.watermarks(user), this.gatewayId).catch(() => undefined);
+    // only registrations made before now: one a later session makes survives this drop, even if
+    // the client retries it after that registration (after a failover, a MOVED)
+    void this.redis.jgRouteDrop(this.keys.watermarks(user), this.generation, this.gatewayId).catch(() => undefined);
   }
 
   /** The tail check read the user's routes: a held user whose routes lack this gateway (Redis lost them) registers again. */
@@ -102,13 +105,13 @@ export class RouteTable implements RoutePort {
   stray(user: string): void {
     if (this.held.has(user) || this.strays.has(user)) return;
     this.strays.add(user);
-    void this.redis.jgRouteDrop(this.keys.watermarks(user), this.gatewayId).catch(() => undefined);
+    void this.redis.jgRouteDrop(this.keys.watermarks(user), this.generation, this.gatewayId).catch(() => undefined);
   }
 
   /** The user's head after adding the route; undefined when Redis has no head, "failed" when Redis did not answer. */
   private async register(user: string): Promise<MailboxSeq | undefined | "failed"> {
     try {
-      const head = await this.redis.jgRouteAdd(this.keys.watermarks(user), this.gatewayId, this.hashTtlS);
+      const head = await this.redis.jgRouteAdd(this.keys.watermarks(user), this.gatewayId, ++this.generation, this.hashTtlS);
       return /^\d{1,20}$/.test(head) ? BigInt(head) : undefined;
     } catch {
       return "failed";

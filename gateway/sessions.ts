@@ -177,7 +177,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
    * not a Redis command, promise and closure per session: on an idle gateway those kept V8 from
    * ever seeing an idle heap to shrink.
    */
-  startTailChecks(everyS: number, heads: (users: readonly string[]) => Promise<UserHead[]>): void {
+  startTailChecks(everyS: number, heads: (users: readonly string[]) => Promise<(UserHead | undefined)[]>): void {
     if (everyS <= 0) return;
     let tick = 0;
     let running = false;
@@ -193,7 +193,9 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
       heads(list)
         .then((hs) => {
           for (let k = 0; k < list.length; k++) {
-            const { head, routes } = hs[k] ?? { head: undefined, routes: [] };
+            const read = hs[k];
+            if (read === undefined) continue; // not read this time
+            const { head, routes } = read;
             // a route Redis lost alone (an eviction): registered again, with what was missed read
             this.routes.verify(list[k]!, routes);
             for (const s of this.users.get(list[k]!)?.sessions ?? []) {

@@ -109,7 +109,8 @@ export const WATERMARK_ALL = "_all";
  */
 export const HASH_FIELDS = {
   /**
-   * The gateways that hold (or are about to hold) a session of the user, `,`-separated; "" when
+   * The gateways that hold (or are about to hold) a session of the user, as `<gateway>.<generation>`
+   * tokens (parseRoutes), `,`-separated; "" when
    * none. Missing (a new, expired, evicted or flushed hash): the worker sends the user's next
    * entry to every gateway and sets it to "", and the gateways holding the user register again.
    */
@@ -225,8 +226,14 @@ for item in string.gmatch(ARGV[2], '[^;]+') do
   local set = {}
   if (not prev) or prev < seq then set[#set + 1] = lane; set[#set + 1] = seq end
   if (not prevAll) or prevAll < seq then set[#set + 1] = '${WATERMARK_ALL}'; set[#set + 1] = seq end
-  -- no routes field: this entry goes to every gateway, and those with the user's sessions register again
-  if not routes then set[#set + 1] = '${HASH_FIELDS.routes}'; set[#set + 1] = '' end
+  -- routes unknown (no field, or a gateway made it again after a loss: its '?' token): this entry
+  -- goes to every gateway, those with the user's sessions register again, and the rest is known
+  local unknown = (not routes) or string.find(',' .. routes .. ',', ',?,', 1, true) ~= nil
+  if unknown then
+    local known = {}
+    for t in string.gmatch(routes or '', '[^,]+') do if t ~= '?' then known[#known + 1] = t end end
+    set[#set + 1] = '${HASH_FIELDS.routes}'; set[#set + 1] = table.concat(known, ',')
+  end
   if maxlen > 0 then
     -- the row carries the user's previous seq: readers check coverage on the rows alone
     local row = {'MAXLEN', maxlen, rowId, '${CACHE_FIELDS.seq}', seq, '${CACHE_FIELDS.prev}', prev or '', '${CACHE_FIELDS.prevAll}', prevAll or '', '${CACHE_FIELDS.lane}', lane, '${CACHE_FIELDS.entry}', body, '${CACHE_FIELDS.shard}', shard}
@@ -244,44 +251,83 @@ for item in string.gmatch(ARGV[2], '[^;]+') do
   if wmExpire then set[#set + 1] = '${HASH_FIELDS.hashExpirySetAt}'; set[#set + 1] = now end
   if #set > 0 then redis.call('HSET', wmKey, unpack(set)) end
   if wmExpire then redis.call('EXPIRE', wmKey, wmTtl + wmSlack) end
-  out[i] = first .. '|' .. (prev or '') .. '|' .. (prevAll or '') .. '|' .. (routes or '?')
+  out[i] = first .. '|' .. (prev or '') .. '|' .. (prevAll or '') .. '|' .. (unknown and '?' or routes)
 end
 return table.concat(out, ';')
 `;
 
 /**
+ * A user's routes as the hash keeps them: `<gateway>.<generation>` tokens, `,`-separated, and `?`
+ * while other gateways' routes may be missing (a gateway registered into a hash Redis had lost; the
+ * worker's next entry of the user goes to every gateway and removes it). The generation (a counter
+ * of the gateway's registrations) lets a removal name what it removes: a removal that Redis runs
+ * late (a client retries a command after a failover or a MOVED) takes out only registrations at or
+ * below its generation, never the one a newer session made since. Returns the gateway ids, each
+ * once, and whether the routes are `unknown`.
+ */
+export function parseRoutes(field: string): { gateways: string[]; unknown: boolean } {
+  const gateways: string[] = [];
+  let unknown = false;
+  for (const token of field === "" ? [] : field.split(",")) {
+    if (token === "?") {
+      unknown = true;
+      continue;
+    }
+    const dot = token.lastIndexOf(".");
+    const gw = dot < 0 ? token : token.slice(0, dot);
+    if (gw !== "" && !gateways.includes(gw)) gateways.push(gw);
+  }
+  return { gateways, unknown };
+}
+
+/**
  * A gateway adds itself to a user's routes (it holds a session of the user, or is about to), and
  * reads the user's head in the same step: an entry the worker processed before this ran is at or
- * below that head, one after it is routed here. The hash's expiry is set to the watermark TTL
- * (a hash made here gets one; a held user's hash does not expire under its sessions).
- * KEYS: watermarks; ARGV: gateway, ttl s. Returns `_all` or ''.
+ * below that head, one after it is routed here. Its token replaces an older one of the same
+ * gateway (a newer one already there stays: this add ran late). The hash's expiry is set to the
+ * watermark TTL (a hash made here gets one; a held user's hash does not expire under its sessions).
+ * KEYS: watermarks; ARGV: gateway, generation, ttl s. Returns `_all` or ''.
  */
 export const ROUTE_ADD_LUA = `
 local r = redis.call('HGET', KEYS[1], '${HASH_FIELDS.routes}')
-local gw = ARGV[1]
-if (not r) or r == '' then
-  redis.call('HSET', KEYS[1], '${HASH_FIELDS.routes}', gw)
-elseif string.find(',' .. r .. ',', ',' .. gw .. ',', 1, true) == nil then
-  redis.call('HSET', KEYS[1], '${HASH_FIELDS.routes}', r .. ',' .. gw)
+local gw, gen = ARGV[1], tonumber(ARGV[2])
+local keep = {}
+-- no field: Redis lost the other gateways' routes too; '?' keeps that known until the worker's
+-- next entry of the user goes to every gateway
+if not r then keep[1] = '?' end
+r = r or ''
+local mine = gen
+for t in string.gmatch(r, '[^,]+') do
+  local g, n = string.match(t, '^(.*)%.(%d+)$')
+  if g ~= nil and g == gw then
+    if tonumber(n) > mine then mine = tonumber(n) end
+  else
+    keep[#keep + 1] = t
+  end
 end
-redis.call('EXPIRE', KEYS[1], ARGV[2])
+keep[#keep + 1] = gw .. '.' .. mine
+redis.call('HSET', KEYS[1], '${HASH_FIELDS.routes}', table.concat(keep, ','))
+redis.call('EXPIRE', KEYS[1], ARGV[3])
 return redis.call('HGET', KEYS[1], '${WATERMARK_ALL}') or ''
 `;
 
 /**
- * Removes gateways from a user's routes (a gateway whose last session of the user closed, or the
- * worker dropping gateways that stopped beating). KEYS: watermarks; ARGV: the gateways. Returns
- * how many were removed.
+ * Removes gateways' registrations from a user's routes: those of generation at or below ARGV[1]
+ * (a gateway whose last session of the user closed passes its current generation; a worker dropping
+ * a silent gateway passes a larger one than any). KEYS: watermarks; ARGV: max generation, the
+ * gateways. Returns how many were removed.
  */
 export const ROUTE_DROP_LUA = `
 local r = redis.call('HGET', KEYS[1], '${HASH_FIELDS.routes}')
 if (not r) or r == '' then return 0 end
+local upTo = tonumber(ARGV[1])
 local drop = {}
-for _, g in ipairs(ARGV) do drop[g] = true end
+for i = 2, #ARGV do drop[ARGV[i]] = true end
 local keep = {}
 local removed = 0
-for g in string.gmatch(r, '[^,]+') do
-  if drop[g] then removed = removed + 1 else keep[#keep + 1] = g end
+for t in string.gmatch(r, '[^,]+') do
+  local g, n = string.match(t, '^(.*)%.(%d+)$')
+  if g and drop[g] and tonumber(n) <= upTo then removed = removed + 1 else keep[#keep + 1] = t end
 end
 if removed > 0 then redis.call('HSET', KEYS[1], '${HASH_FIELDS.routes}', table.concat(keep, ',')) end
 return removed

@@ -28,7 +28,7 @@
  */
 import clusterKeySlot from "cluster-key-slot";
 import { Cluster } from "ioredis";
-import { cacheStreamId, seqKey, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
+import { cacheStreamId, parseRoutes, seqKey, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
 
 
 /** What every entry of a batch shares: its shard and log, and the settings. */
@@ -95,7 +95,7 @@ export async function applyBatch(redis: RedisClient, keys: RedisKeys, shared: Ba
           first: first === "1",
           prev: prev || null,
           prevAll: prevAll || null,
-          routes: routes === "?" || routes === undefined ? undefined : routes === "" ? NO_ROUTES : routes.split(","),
+          routes: routes === "?" || routes === undefined ? undefined : routes === "" ? NO_ROUTES : parseRoutes(routes).gateways,
         };
       }
     }),

@@ -26,7 +26,7 @@ import { PushRouter } from "./push-router.js";
 import { Worker } from "./worker.js";
 
 type RoutingClient = RedisClient & {
-  jgRouteDrop(key: string, ...gateways: string[]): Promise<number>;
+  jgRouteDrop(key: string, maxGeneration: string, ...gateways: string[]): Promise<number>;
   jgGatewaysSeen(key: string): Promise<string[]>;
 };
 
@@ -55,7 +55,8 @@ export async function runWorker(env: Record<string, string | undefined> = proces
         nc.publish(subject, data);
         metrics.pushMessages.inc();
       },
-      dropRoutes: (user, gateways) => void routing.jgRouteDrop(keys.watermarks(user), ...gateways).catch(() => undefined),
+      // every registration of a silent gateway, whatever its generation
+      dropRoutes: (user, gateways) => void routing.jgRouteDrop(keys.watermarks(user), String(Number.MAX_SAFE_INTEGER), ...gateways).catch(() => undefined),
       note: (what) => ({ unrouted: metrics.unroutedPushes, broadcast: metrics.broadcastPushes, silent: metrics.silentRoutes })[what].inc(),
     },
     beats,

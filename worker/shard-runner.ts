@@ -50,6 +50,7 @@ import {
   type ShardState,
   writeRefusal,
 } from "../protocol/index.js";
+import { planBatch, pushesOf, type BatchItem } from "./batch-step.js";
 import { applyBatch, type ApplyEntryResult, type BatchEntry, type BatchShared } from "./mailbox-script.js";
 import type { WorkerMetrics } from "./metrics.js";
 import type { PushRouter } from "./push-router.js";
@@ -94,15 +95,9 @@ interface StreamMsg {
   headers?: MsgHdrs;
 }
 
-interface Item {
+interface Item extends BatchItem {
   msg: StreamMsg;
-  user: string;
-  lane: string;
-  seq: bigint;
-  id: string;
   dispatch: string;
-  ts: number;
-  b: Uint8Array<ArrayBuffer>;
 }
 
 export class ShardRunner {
@@ -345,51 +340,29 @@ export class ShardRunner {
       if (parsed === "forward") forwards.push(m);
       else if (parsed !== undefined) items.push(parsed);
     };
-    let maxOffset = this.lastOffset;
-    // The message of the highest offset in the batch: the one to acknowledge. A batch can end with a
-    // redelivery of an older offset (a Redis stall outlasted the ack wait, and the server sent every
-    // unacknowledged message again); acking that one, and taking its offset as the last done, left
-    // the newer ones unacknowledged and made the next batch process them again: a re-push and a
-    // regression counted for nothing.
-    let highest: JsMsg | undefined;
-    for (const m of batch) {
-      if (m.seq <= maxOffset) continue; // a redelivery of what is already done or in this batch
-      // The consumer reads the whole stream, so offsets come one after another. A hole means a
-      // delivery was lost on the way (a NATS node dying with a pull response in flight); the ack
-      // policy is AckAll, so acking past it would drop it for good: fetch it from the leader first.
-      if (m.seq > maxOffset + 1) for (const x of await this.fetchSkipped(maxOffset + 1, m.seq - 1)) take(x);
-      take(m);
-      maxOffset = m.seq;
-      highest = m;
+    const plan = planBatch(batch.map((m) => m.seq), this.lastOffset);
+    for (const i of plan.take) {
+      const hole = plan.holes.get(i);
+      if (hole !== undefined) for (const x of await this.fetchSkipped(hole[0], hole[1])) take(x);
+      take(batch[i]!);
     }
     const results = await this.redisStep(items, epoch);
     if (results === undefined) return false;
     this.fault("redis");
     // Confirm the epoch against the registry's head before anything leaves this process.
     if (!(await this.confirmEpoch(epoch))) return false;
-    let pushed = 0;
-    for (let i = 0; i < items.length; i++) {
-      const it = items[i]!;
-      const r = results[i]!;
-      if (!r.first) {
-        this.d.metrics.duplicates.inc(this.label);
-        continue;
-      }
-      const prev = r.prev === null ? null : BigInt(r.prev);
-      const prevAll = r.prevAll === null ? null : BigInt(r.prevAll);
-      const entry = { seq: it.seq, id: it.id, lane: it.lane, prev, ts: it.ts, b: it.b };
-      this.d.pushes.route({ user: it.user, shard: this.shard, epoch, entry, prevAll }, r.routes);
-      pushed++;
-    }
+    const { pushes, duplicates } = pushesOf(items, results, this.shard, epoch);
+    if (duplicates > 0) this.d.metrics.duplicates.inc(this.label, duplicates);
+    for (const p of pushes) this.d.pushes.route(p.push, p.routes);
     // before the ack, on the same connection: a crash never acks an entry whose push is not out
     this.d.pushes.flush();
     if (forwards.length > 0) await this.forward(forwards);
     this.fault("push");
     // AckAll: everything up to the highest offset (a batch of redeliveries only: acked again, harmless)
-    (highest ?? batch[batch.length - 1]!).ack();
-    this.lastOffset = maxOffset;
+    batch[plan.ack]!.ack();
+    this.lastOffset = plan.maxOffset;
     this.d.metrics.processed.inc(this.label, items.length + forwards.length);
-    this.d.metrics.pushed.inc(this.label, pushed);
+    this.d.metrics.pushed.inc(this.label, pushes.length);
     this.d.metrics.batches.inc(this.label);
     this.d.metrics.offset.set(this.label, this.lastOffset);
     return true;

@@ -181,13 +181,13 @@ export class PushCollector {
   private constructor(
     readonly nc: NatsConnection,
     readonly pushes: { user: string; push: Push }[],
-    private readonly redis: (Redis & { jgRouteAdd(key: string, gw: string, ttl: number): Promise<string> }) | undefined,
+    private readonly redis: (Redis & { jgRouteAdd(key: string, gw: string, gen: number, ttl: number): Promise<string> }) | undefined,
     private readonly keys: RedisKeys,
   ) {}
 
   static async start(natsUrl: string, redisUrl?: string, prefix = loadConfig({}).JETGATE_REDIS_PREFIX): Promise<PushCollector> {
     const nc = await connect({ servers: natsUrl });
-    const redis = redisUrl === undefined ? undefined : ((await redisClient(redisUrl)) as Redis & { jgRouteAdd(key: string, gw: string, ttl: number): Promise<string> });
+    const redis = redisUrl === undefined ? undefined : ((await redisClient(redisUrl)) as Redis & { jgRouteAdd(key: string, gw: string, gen: number, ttl: number): Promise<string> });
     const self = new PushCollector(nc, [], redis, new RedisKeys(prefix));
     const sub = nc.subscribe(redisUrl === undefined ? "jetgate.push.>" : routedPushSubject(COLLECTOR_GATEWAY), {
       callback: (_e, m) => {
@@ -200,7 +200,7 @@ export class PushCollector {
   }
 
   private async register(user: string): Promise<void> {
-    await this.redis!.jgRouteAdd(this.keys.watermarks(user), COLLECTOR_GATEWAY, 86_400);
+    await this.redis!.jgRouteAdd(this.keys.watermarks(user), COLLECTOR_GATEWAY, 1, 86_400);
   }
 
   /** Adds the collector to these users' routes (needs a Redis URL at start); again after Redis lost them. */

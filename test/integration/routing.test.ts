@@ -8,7 +8,7 @@
  */
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import { CloseCode, RedisKeys, loadConfig, type Entry, type ServerFrame } from "../../protocol/index.js";
+import { CloseCode, RedisKeys, loadConfig, parseRoutes, type Entry, type ServerFrame } from "../../protocol/index.js";
 import { DispatchLoad, redisClient, spawnGateway, startStack } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { waitFor } from "../harness/wait.js";
@@ -77,6 +77,11 @@ test("routing - a user with no session anywhere costs no push message", async ()
   const dev = await live(gwA.httpPort, "r-gone");
   dev.close();
   await waitFor("the route released", async () => !((await redis.hget(keys.watermarks("r-gone"), ":r")) ?? "").includes("gw-a"));
+  // a new user's hash was made by the route, so its routes start unknown: its first entry goes to
+  // every gateway (once per hash), and from then on they are known
+  const firstBroadcast = await stack.worker!.metric("jetgate_worker_broadcast_pushes_total");
+  await send("r-gone", "off-first");
+  await waitFor("the first entry went to every gateway", async () => (await stack.worker!.metric("jetgate_worker_broadcast_pushes_total")) - firstBroadcast === 1);
   const msgs = await stack.worker!.metric("jetgate_worker_push_messages_total");
   const unrouted = await stack.worker!.metric("jetgate_worker_unrouted_entries_total");
   for (let i = 0; i < 5; i++) await send("r-gone", `off${i}`);
@@ -145,4 +150,43 @@ test("routing - a user's hash evicted alone: the tail check finds the route miss
   await send(user, "ev4");
   await waitFor("ev4 live", () => dev.entries().length === 5, { timeoutMs: 3000 });
   dev.close();
+});
+
+test("routing - a user's hash evicted alone, on a gateway with no tail check: the next entry reaches every gateway, and the holder registers again", async () => {
+  const user = "r-evicted-a";
+  const dev = await live(gwA.httpPort, user);
+  await send(user, "ea0");
+  await waitFor("ea0", () => dev.entries().some((e) => e.id === "ea0"));
+  const broadcasts = await stack.worker!.metric("jetgate_worker_broadcast_pushes_total");
+  await redis.del(keys.watermarks(user));
+  for (let i = 1; i <= 3; i++) await send(user, `ea${i}`);
+  await waitFor("the entries after the eviction", () => dev.entries().length === 4, { timeoutMs: 5000 });
+  assert.deepEqual(dev.entries().map((e) => e.id), ["ea0", "ea1", "ea2", "ea3"]);
+  assert.ok((await stack.worker!.metric("jetgate_worker_broadcast_pushes_total")) - broadcasts >= 1, "the first entry after the eviction went to every gateway");
+  await waitFor("routed again", async () => ((await redis.hget(keys.watermarks(user), ":r")) ?? "").includes("gw-a"));
+  dev.close();
+});
+
+test("routing - the route scripts: a late removal never takes a newer registration; a hash made after a loss keeps its routes unknown until the next entry", async () => {
+  type Scripts = { jgRouteAdd(k: string, gw: string, gen: number, ttl: number): Promise<string>; jgRouteDrop(k: string, upTo: number, ...gws: string[]): Promise<number> };
+  const r = redis as unknown as Scripts;
+  const key = keys.watermarks("r-scripts");
+  // a hash Redis does not have: the registration marks the others unknown
+  assert.equal(await r.jgRouteAdd(key, "gx", 5, 60), "", "no head yet");
+  assert.equal(await redis.hget(key, ":r"), "?,gx.5");
+  assert.deepEqual(parseRoutes("?,gx.5"), { gateways: ["gx"], unknown: true });
+  // the user's next entry goes to every gateway and makes the routes known
+  await send("r-scripts", "rs0");
+  await waitFor("the worker made the routes known", async () => (await redis.hget(key, ":r")) === "gx.5");
+  await r.jgRouteAdd(key, "gy", 1, 60);
+  await r.jgRouteAdd(key, "gx", 7, 60); // gx registers again (a newer session)
+  assert.equal(await redis.hget(key, ":r"), "gy.1,gx.7");
+  assert.equal(await r.jgRouteDrop(key, 6, "gx"), 0, "a removal decided before registration 7, run late: nothing removed");
+  await r.jgRouteAdd(key, "gx", 6, 60); // an older registration run late: the newer stays
+  assert.equal(await redis.hget(key, ":r"), "gy.1,gx.7");
+  assert.equal(await r.jgRouteDrop(key, 7, "gx"), 1);
+  assert.equal(await r.jgRouteDrop(key, Number.MAX_SAFE_INTEGER, "gy", "gone"), 1, "a silent gateway's every registration");
+  assert.equal(await redis.hget(key, ":r"), "", "known: nobody");
+  assert.deepEqual(parseRoutes(""), { gateways: [], unknown: false });
+  assert.ok((await redis.ttl(key)) > 0, "the hash has an expiry");
 });
