@@ -32,8 +32,10 @@ interface Row {
 const read = (f: string): Row[] =>
   readFileSync(`${DIR}results/${f}`, "utf8").split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l) as Row).filter((r) => r.summary !== true);
 const SCALING = "scaling.jsonl";
+// the side-by-side scenarios only (other benchmarks keep their own .jsonl files there)
+const COMPARED = ["fanout.jsonl", "idle.jsonl", "storm.jsonl", "catchup.jsonl"];
 const rows: Row[] = readdirSync(`${DIR}results`)
-  .filter((f) => f.endsWith(".jsonl") && f !== SCALING)
+  .filter((f) => COMPARED.includes(f))
   .flatMap(read)
   .map((r) => ({ ...r, case: `${r.scenario} (${r.devices.toLocaleString("en-US")})` }));
 const scaling = readdirSync(`${DIR}results`).includes(SCALING) ? read(SCALING).filter((r) => r.scenario === "fanout") : [];
