@@ -9,7 +9,8 @@
  * its share of the devices, and merges their answers (latency histograms add up).
  *
  * Commands, one JSON object per stdin line; one JSON answer per stdout line:
- *   {"cmd":"connect","users":[..],"urls":[..]} -> {"ready":N,"ms":..}  (all SYNCED / connected)
+ *   {"cmd":"connect","users":[..],"urls":[..],"devices"?:[..]} -> {"ready":N,"ms":..}  (all SYNCED / connected;
+ *                                             devices: each one's device id, "bench" when absent)
  *   {"cmd":"report"}                          -> {"received","first","last","hist","duplicates"} since the last report
  *   {"cmd":"wait","expect":K,"deadlineMs":D}  -> {"waited_ms","timed_out"}  (each device has K entries)
  *   {"cmd":"drop"}                            -> {"dropped":N}        (sockets closed as by a network loss)
@@ -63,7 +64,7 @@ interface Device {
   seen: Set<number>;
 }
 
-function jetgateDevice(user: string, token: string, url: string): Device {
+function jetgateDevice(user: string, token: string, url: string, device: string): Device {
   let ws: WebSocket | undefined;
   let cursor: CursorToken | undefined;
   let seq = 0n;
@@ -92,7 +93,7 @@ function jetgateDevice(user: string, token: string, url: string): Device {
     });
     ws.on("open", () => {
       const c = cursor ? { cursor: { ...cursor, seq } } : {};
-      ws!.send(encodeFrame({ t: "AUTH", v: 1, token: system === "jetgate" ? token : user, device: "bench", ...c }));
+      ws!.send(encodeFrame({ t: "AUTH", v: 1, token: system === "jetgate" ? token : user, device, ...c }));
     });
     ws.on("message", (data: Buffer) =>
       onMessage(data, () => {
@@ -139,13 +140,13 @@ function socketioDevice(user: string, url: string): Device {
 
 const devices: Device[] = [];
 
-async function connectAll(users: string[], urls: string[]): Promise<void> {
+async function connectAll(users: string[], urls: string[], ids: string[] | undefined): Promise<void> {
   for (let i = 0; i < users.length; i++) {
     const user = users[i]!;
     const token = system === "jetgate"
       ? await new SignJWT({}).setProtectedHeader({ alg: "HS256" }).setSubject(user).setExpirationTime(Math.floor(Date.now() / 1000) + 86400).sign(key)
       : "";
-    devices.push(system === "socketio" ? socketioDevice(user, urls[i]!) : jetgateDevice(user, token, urls[i]!));
+    devices.push(system === "socketio" ? socketioDevice(user, urls[i]!) : jetgateDevice(user, token, urls[i]!, ids?.[i] ?? "bench"));
   }
   // in waves: a connection storm is its own scenario
   for (let i = 0; i < devices.length; i += 250) await Promise.all(devices.slice(i, i + 250).map((d) => d.connect()));
@@ -153,10 +154,10 @@ async function connectAll(users: string[], urls: string[]): Promise<void> {
 
 const lines = createInterface({ input: process.stdin });
 for await (const line of lines) {
-  const cmd = JSON.parse(line) as { cmd: string; users?: string[]; urls?: string[]; expect?: number; deadlineMs?: number };
+  const cmd = JSON.parse(line) as { cmd: string; users?: string[]; urls?: string[]; devices?: string[]; expect?: number; deadlineMs?: number };
   if (cmd.cmd === "connect") {
     const t0 = now();
-    await connectAll(cmd.users!, cmd.urls!);
+    await connectAll(cmd.users!, cmd.urls!, cmd.devices);
     send({ ready: devices.length, ms: Math.round(now() - t0), retries });
   } else if (cmd.cmd === "report") {
     send({ received, first, last, hist, duplicates });

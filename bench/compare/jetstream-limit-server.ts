@@ -27,7 +27,7 @@ interface Conn {
   live: boolean;
 }
 
-const byUser = new Map<string, Conn>();
+const byUser = new Map<string, Conn[]>();
 /** Frames for users who are offline, sent at their next AUTH (before SYNCED). */
 const pending = new Map<string, Uint8Array[]>();
 let delivered = 0;
@@ -42,27 +42,30 @@ function flush(c: Conn): void {
 
 function deliver(user: string, frame: Uint8Array): void {
   delivered++;
-  const c = byUser.get(user);
-  if (c === undefined) {
+  const conns = byUser.get(user);
+  if (conns === undefined) {
     const p = pending.get(user);
     if (p === undefined) pending.set(user, [frame]);
     else p.push(frame);
     return;
   }
-  if (c.live && c.queue.length === 0 && c.ws.getBufferedAmount() <= HIGH_WATER) c.ws.send(frame, true);
-  else c.queue.push(frame);
+  for (const c of conns) {
+    if (c.live && c.queue.length === 0 && c.ws.getBufferedAmount() <= HIGH_WATER) c.ws.send(frame, true);
+    else c.queue.push(frame);
+  }
 }
 
 listenBare(port, byUser, {
-  auth: (ws, user) => {
-    const c: Conn = { ws, queue: pending.get(user) ?? [], live: false };
-    pending.delete(user);
+  // what waited while the user was offline goes to its first connection
+  auth: (ws, user, first) => {
+    const c: Conn = { ws, queue: first ? (pending.get(user) ?? []) : [], live: false };
+    if (first) pending.delete(user);
     flush(c);
     return c;
   },
   drain: flush,
-  closed: (user, c) => {
-    if (c.queue.length > 0) pending.set(user, c.queue);
+  closed: (user, c, last) => {
+    if (last && c.queue.length > 0) pending.set(user, c.queue);
   },
 });
 

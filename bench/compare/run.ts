@@ -3,12 +3,15 @@
  * every entry in JetStream (jetstream-limit) and Socket.IO, in one run, on one machine, with one
  * device load generator (bench/compare/devices.ts, its own process).
  *
- *   npm run bench -- <fanout|idle|storm|catchup> [--devices N] [--seconds S] [--entries N]
+ *   npm run bench -- <fanout|hot|idle|storm|catchup> [--devices N] [--users U] [--seconds S] [--entries N]
  *                    [--systems jetgate,uws-limit,jetstream-limit,socketio] [--nodes N] [--shards S] [--json]
  *
  * fanout:  N devices (1,000), entries to random users: the throughput each system sustains (sent as
  *          fast as it takes them for S seconds, measured at the devices), then p50/p99
  *          dispatch-to-device latency at half of it.
+ * hot:     N devices (1,000) of U users (20: 50 devices each), each user's entries dispatched back
+ *          to back: as fanout, with every entry going to all of its user's devices (Socket.IO: a
+ *          room per user); entries_per_s counts deliveries, dispatched_per_s the entries.
  * idle:    N authenticated idle devices (15,000): server RSS per connection.
  * storm:   N devices (10,000) each miss 10 entries while offline, then reconnect at once (with their
  *          cursors / recovery state): time until every one is SYNCED with its entries; peak RSS.
@@ -26,7 +29,7 @@ import { LineProcess, SYSTEMS, startSystem, type System, type SystemName } from 
 import { merge, quantile, type Histogram } from "./entries.js";
 import { Redis } from "ioredis";
 
-const USAGE = `usage: npm run bench -- <fanout|idle|storm|catchup> [--devices N] [--seconds S] [--entries N]
+const USAGE = `usage: npm run bench -- <fanout|hot|idle|storm|catchup> [--devices N] [--users U] [--seconds S] [--entries N]
                    [--idle-seconds S] [--deadline-seconds S] [--systems ${SYSTEMS.join(",")}]
                    [--nodes N] [--shards S] [--json]
   jetgate beside the ceiling of its WebSocket layer, the floor of JetStream and Socket.IO (bench/README.md)`;
@@ -35,6 +38,7 @@ const { values, positionals } = parseFlags({
   allowPositionals: true,
   options: {
     devices: { type: "string" },
+    users: { type: "string" },
     seconds: { type: "string", default: "8" },
     entries: { type: "string", default: "100000" },
     "idle-seconds": { type: "string", default: "60" },
@@ -45,11 +49,14 @@ const { values, positionals } = parseFlags({
     json: { type: "boolean", default: false },
   },
 }, USAGE);
-const SCENARIOS = { fanout: 1000, idle: 15_000, storm: 10_000, catchup: 1 } as const;
+const SCENARIOS = { fanout: 1000, hot: 1000, idle: 15_000, storm: 10_000, catchup: 1 } as const;
 type Scenario = keyof typeof SCENARIOS;
 const scenario = positionals[0] as Scenario;
 if (!(scenario in SCENARIOS)) usageError(scenario === undefined ? "which scenario?" : `unknown scenario ${scenario}`, USAGE);
 const devices = Number(values.devices ?? SCENARIOS[scenario]);
+/** Users the devices belong to (device i to user u(i mod users)): one each but in `hot`. */
+const users = Number(values.users ?? (scenario === "hot" ? 20 : devices));
+if (!Number.isInteger(users) || users < 1 || users > devices) usageError(`--users must be an integer from 1 to --devices, got ${String(values.users)}`, USAGE);
 const seconds = Number(values.seconds);
 const entries = Number(values.entries);
 const idleSeconds = Number(values["idle-seconds"]);
@@ -193,11 +200,13 @@ class Generators {
     return Promise.all(this.procs.map((p) => p.ask(o) as Promise<Record<string, unknown>>));
   }
 
-  async connect(count: number): Promise<{ ms: number }> {
+  /** Devices 0..count-1, device i of user u(i mod userCount); with several devices a user, each its own device id. */
+  async connect(count: number, userCount = count): Promise<{ ms: number }> {
     const n = this.procs.length;
     const answers = await Promise.all(this.procs.map((p, g) => {
       const mine = Array.from({ length: Math.ceil((count - g) / n) }, (_, j) => g + j * n);
-      return p.ask({ cmd: "connect", users: mine.map((i) => `u${i}`), urls: mine.map((i) => this.sys.deviceUrl(i)) });
+      const ids = userCount < count ? { devices: mine.map((i) => `d${i}`) } : {};
+      return p.ask({ cmd: "connect", users: mine.map((i) => `u${i % userCount}`), urls: mine.map((i) => this.sys.deviceUrl(i)), ...ids });
     }));
     return { ms: Math.max(...answers.map((a) => a.ms!)) };
   }
@@ -271,14 +280,15 @@ async function redisCommands(sys: System): Promise<number | undefined> {
 /** a / b to two decimals; undefined when either is unknown or b is 0. */
 const per = (a: number | undefined, b: number | undefined) => (a === undefined || b === undefined || b === 0 ? undefined : Number((a / b).toFixed(2)));
 
+/** fanout and hot: entries to random users of `users` (one device each in fanout, devices / users in hot). */
 async function fanout(sys: System, gens: Generators): Promise<Row> {
-  await gens.connect(devices);
+  await gens.connect(devices, users);
   const natsBefore = await natsMessages(sys);
   const redisBefore = await redisCommands(sys);
   const countersBefore = await sys.counters?.();
   const m = meter(sys.serverPids);
   const shares = cpuShares({ ...sys.pids, devices: gens.pids });
-  const sent = await sys.sendFor(seconds, devices);
+  const sent = await sys.sendFor(seconds, users);
   const max = await settled(gens);
   const cpu = m.stop();
   const cpuMax = shares(max.received);
@@ -293,14 +303,18 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
   const rate = Math.round((max.received / (max.last - max.first)) * 1000);
   // half load: latency over this phase only, until the devices have had everything
   await gens.report();
-  const sentHalf = await sys.sendFor(seconds, devices, Math.max(1, Math.floor(rate / 2)));
+  // the rate is deliveries; the senders' rate is entries (each goes to devices / users devices)
+  const sentHalf = await sys.sendFor(seconds, users, Math.max(1, Math.floor(rate / 2 / (devices / users))));
   const half = await settled(gens);
   return {
-    scenario, system: sys.name, nodes, devices, entries_per_s: rate, p50_ms: quantile(half.hist, 0.5), p99_ms: quantile(half.hist, 0.99),
+    scenario, system: sys.name, nodes, devices, ...(users < devices ? { users, dispatched_per_s: Math.round(rate / (devices / users)) } : {}),
+    entries_per_s: rate, p50_ms: quantile(half.hist, 0.5), p99_ms: quantile(half.hist, 0.99),
     server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu_max: cpuMax.shares, cpu_procs: cpuMax.procs, us_per_entry: cpuMax.usPerEntry, us_per_process: cpuMax.usPerProcess,
     nats_msgs_per_entry: natsPerEntry, redis_cmds_per_entry: redisPerEntry,
     ...(countersAfter !== undefined ? {
       entries_per_batch: per(d("processed"), d("batches")), entries_per_push_msg: per(d("pushed"), d("pushMessages")), entries_per_msgs_frame: per(d("entriesSent"), d("msgsFrames")),
+      // pushes the gateways received per entry pushed: 1 when each gets only its own sessions' users' entries (--nodes N)
+      gateway_received_per_pushed: per(d("gatewayPushes"), d("pushed")),
     } : {}),
     sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received,
     duplicates: max.duplicates + half.duplicates, half_rate: Math.floor(rate / 2), ...(sys.natsMonitorPort !== undefined ? { shards } : {}),
@@ -375,7 +389,7 @@ for (const name of systems) {
   const sys = await startSystem(name, { nodes, shards });
   const gens = new Generators(sys, nodes);
   try {
-    const row = scenario === "fanout" ? await fanout(sys, gens)
+    const row = scenario === "fanout" || scenario === "hot" ? await fanout(sys, gens)
       : scenario === "idle" ? await idle(sys, gens)
       : scenario === "storm" ? await storm(sys, gens, 10)
       : { ...(await storm(sys, gens, entries)), scenario };

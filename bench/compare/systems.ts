@@ -145,6 +145,8 @@ async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
         pushMessages: await sum(workers, "jetgate_worker_push_messages_total"),
         entriesSent: await sum(gateways, "jetgate_gateway_entries_sent_total"),
         msgsFrames: await sum(gateways, "jetgate_gateway_frames_out_total", { type: "MSGS" }),
+        // every push a gateway got, for its users or not (stray: a route left behind)
+        gatewayPushes: (await sum(gateways, "jetgate_gateway_pushes_received_total")) + (await sum(gateways, "jetgate_gateway_stray_pushes_total")),
       };
     },
     logs: () => procs.flatMap((p) => p.output.slice(-10)),

@@ -29,7 +29,7 @@ interface Conn {
   live: boolean;
 }
 
-const byUser = new Map<string, Conn>();
+const byUser = new Map<string, Conn[]>();
 const users: string[] = [];
 const known = new Set<string>();
 /** Entries kept for users who were offline when they were sent. */
@@ -65,9 +65,9 @@ function flush(c: Conn): void {
 }
 
 listenBare(port, byUser, {
-  auth: (ws, user) => {
-    const c: Conn = { ws, queue: 0, missed: pending.get(user) ?? 0, live: false };
-    pending.delete(user);
+  auth: (ws, user, first) => {
+    const c: Conn = { ws, queue: 0, missed: first ? (pending.get(user) ?? 0) : 0, live: false };
+    if (first) pending.delete(user);
     if (!known.has(user)) {
       known.add(user);
       users.push(user);
@@ -79,10 +79,12 @@ listenBare(port, byUser, {
 });
 process.stdout.write(JSON.stringify({ listening: port }) + "\n");
 
+/** One entry to a random user: to each of its live connections. */
 function toRandomUser(): void {
-  const c = byUser.get(users[Math.floor(Math.random() * users.length)]!);
-  if (c === undefined || !c.live) return;
-  if (c.queue > 0 || !sendOne(c)) c.queue++;
+  for (const c of byUser.get(users[Math.floor(Math.random() * users.length)]!) ?? []) {
+    if (!c.live) continue;
+    if (c.queue > 0 || !sendOne(c)) c.queue++;
+  }
 }
 
 async function sendFor(seconds: number, rate: number | undefined): Promise<number> {
@@ -114,11 +116,12 @@ for await (const line of createInterface({ input: process.stdin })) {
   else if (cmd.cmd === "each") {
     const k = cmd.perUser ?? 0;
     for (const user of users) {
-      const c = byUser.get(user);
-      if (c?.live) {
+      const live = (byUser.get(user) ?? []).filter((c) => c.live);
+      for (const c of live) {
         c.queue += k;
         flush(c);
-      } else pending.set(user, (pending.get(user) ?? 0) + k);
+      }
+      if (live.length === 0) pending.set(user, (pending.get(user) ?? 0) + k);
     }
     process.stdout.write(JSON.stringify({ each: k }) + "\n");
   } else if (cmd.cmd === "exit") process.exit(0);
