@@ -4,9 +4,9 @@
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
-import { connect, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { connect, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { Redis } from "ioredis";
-import { Dispatcher, REDIS_SCRIPTS, RedisKeys, RegistryClient, connectNats, decodePushBatch, loadConfig, routedPushSubject, type DispatcherOptions, type Push } from "../../protocol/index.js";
+import { BROADCAST_PUSH_SUBJECT, Dispatcher, REDIS_SCRIPTS, RedisKeys, RegistryClient, connectNats, decodePushBatch, loadConfig, routedPushSubject, type DispatcherOptions, type Push } from "../../protocol/index.js";
 import { initRegistry } from "../../worker/index.js";
 import { NatsServer, RedisServer, freePort } from "./servers.js";
 
@@ -172,7 +172,8 @@ export function spawnGateway(env: Record<string, string>, extra: Record<string, 
 /**
  * Collects live pushes, decoded. Started with a Redis URL it acts as a gateway of its own
  * (COLLECTOR_GATEWAY): `watch(users)` adds it to those users' routes, so the workers send it every
- * entry of theirs from then on. Without one it listens to every gateway's pushes
+ * entry of theirs from then on (the first one of a user whose hash the watch made goes to every
+ * gateway, and the collector takes those too). Without one it listens to every gateway's pushes
  * (`jetgate.push.>`): what the gateways of the test get.
  */
 export class PushCollector {
@@ -189,12 +190,13 @@ export class PushCollector {
     const nc = await connect({ servers: natsUrl });
     const redis = redisUrl === undefined ? undefined : ((await redisClient(redisUrl)) as Redis & { jgRouteAdd(key: string, gw: string, gen: number, ttl: number): Promise<string> });
     const self = new PushCollector(nc, [], redis, new RedisKeys(prefix));
-    const sub = nc.subscribe(redisUrl === undefined ? "jetgate.push.>" : routedPushSubject(COLLECTOR_GATEWAY), {
-      callback: (_e, m) => {
-        for (const push of decodePushBatch(m.data).pushes) self.pushes.push({ user: push.user, push });
-      },
-    });
-    self.subs = [sub];
+    const take = (m: Msg) => {
+      for (const push of decodePushBatch(m.data).pushes) self.pushes.push({ user: push.user, push });
+    };
+    // as a gateway: its own pushes and those sent to every gateway (a user's routes unknown: its
+    // first entry after the collector registered into a new hash goes there)
+    const subjects = redisUrl === undefined ? ["jetgate.push.>"] : [routedPushSubject(COLLECTOR_GATEWAY), BROADCAST_PUSH_SUBJECT];
+    self.subs = subjects.map((subject) => nc.subscribe(subject, { callback: (_e, m) => take(m) }));
     await nc.flush();
     return self;
   }
