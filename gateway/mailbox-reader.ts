@@ -11,7 +11,7 @@
  */
 import { randomBytes } from "node:crypto";
 import { ClosedConnectionError, NoRespondersError, RequestError, TimeoutError, type NatsConnection } from "@nats-io/transport-node";
-import { AckPolicy, DeliverPolicy, jetstream, jetstreamManager, type JetStreamManager, type MsgRequest } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, JetStreamError, jetstream, jetstreamManager, type JetStreamManager, type MsgRequest } from "@nats-io/jetstream";
 import {
   decodeCacheRecord,
   decodeStoredEntry,
@@ -64,8 +64,11 @@ const NOT_ANSWERED_RETRY_MS = 2000;
  */
 export function streamCallError(err: unknown, shard: number, inRegistry: boolean): unknown {
   if (isNotFound(err) && inRegistry) return new ShardNotReadyError(shard, { cause: err });
-  if (err instanceof TimeoutError || err instanceof RequestError || err instanceof NoRespondersError || err instanceof ClosedConnectionError) {
-    return new UnavailableError(`shard ${shard}'s stream did not answer (${err.message}); reconnect`, NOT_ANSWERED_RETRY_MS, { cause: err });
+  // "heartbeats missed": a read's consumer went quiet for two heartbeats, as when this process's
+  // event loop was too busy to see them (the hot benchmark); the device resumes by cursor
+  const missed = err instanceof JetStreamError && err.message === "heartbeats missed";
+  if (err instanceof TimeoutError || err instanceof RequestError || err instanceof NoRespondersError || err instanceof ClosedConnectionError || missed) {
+    return new UnavailableError(`shard ${shard}'s stream did not answer (${(err as Error).message}); reconnect`, NOT_ANSWERED_RETRY_MS, { cause: err });
   }
   return err;
 }
@@ -412,6 +415,8 @@ export class MailboxReader implements MailboxSource {
         if (page.length > 0) yield { entries: page, source: "stream" };
         if (got === 0) done = true;
       }
+    } catch (err) {
+      throw streamCallError(err, shard, this.registry.state.shards.has(shard));
     } finally {
       await jsm.consumers.delete(stream, name).catch(() => undefined);
     }

@@ -172,18 +172,31 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
 
   /**
    * Every live session gets a tail check once per `everyS`, spread over the period (0: never): each
-   * second, the heads of that second's sessions' users in one call (`heads`: one Redis pipeline),
-   * and only a session behind its user's head does more (Session.fillTail). One call per second,
-   * not a Redis command, promise and closure per session: on an idle gateway those kept V8 from
-   * ever seeing an idle heap to shrink.
+   * second, the heads of that second's sessions' users in one call (`heads`: one round trip per
+   * Redis node), and only a session behind its user's head does more (Session.fillTail). One call
+   * per second, not a Redis command, promise and closure per session: on an idle gateway those kept
+   * V8 from ever seeing an idle heap to shrink.
+   *
+   * A session behind the head it read is filled only if it is still behind that head a tick later:
+   * under a steady stream the head is nearly always ahead of what is in flight to the gateway, and
+   * reading at once made every session of a busy user read its mailbox every tick (the hot
+   * benchmark: 50 devices a user, a stream read per device per second, the gateway saturated).
+   * A push is late by milliseconds; one that is lost is found a second later than before.
    */
   startTailChecks(everyS: number, heads: (users: readonly string[]) => Promise<(UserHead | undefined)[]>): void {
     if (everyS <= 0) return;
     let tick = 0;
     let running = false;
+    /** Sessions found behind last tick, and the head they were behind. */
+    let behind = new Map<HubMember, MailboxSeq>();
     this.tailTimer = setInterval(() => {
       if (running) return; // a slow Redis must not stack checks up
       tick++;
+      for (const [s, head] of behind) {
+        const at = s.tailPosition();
+        if (at !== undefined && head > at) s.fillTail(head);
+      }
+      behind = new Map();
       const users = new Set<string>();
       let i = 0;
       for (const s of this.all) if (i++ % everyS === tick % everyS && s.tailPosition() !== undefined) users.add(s.user);
@@ -201,7 +214,8 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
             for (const s of this.users.get(list[k]!)?.sessions ?? []) {
               const at = s.tailPosition();
               // no head in Redis (the user's hash vanished) is "unknown": the session asks the stream
-              if (at !== undefined && (head === undefined || head > at)) s.fillTail(head);
+              if (at !== undefined && head === undefined) s.fillTail(undefined);
+              else if (at !== undefined && head !== undefined && head > at) behind.set(s, head);
             }
           }
         })

@@ -112,7 +112,8 @@ async function natsProducers(mode: "dispatcher" | "bare", natsUrl: string, n: nu
 async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
   const infra = await startInfra({
     JETGATE_SHARDS: String(shards), JETGATE_LOG_LEVEL: "error", JETGATE_RATE_USER_FRAMES_PER_S: "100000",
-    JETGATE_MAX_CONNS_PER_IP: "0", JETGATE_AUTH_TIMEOUT_MS: "60000",
+    // the hot scenario's 50 devices a user are over the default per-user connection limit
+    JETGATE_MAX_CONNS_PER_IP: "0", JETGATE_MAX_CONNS_PER_USER: "1000", JETGATE_AUTH_TIMEOUT_MS: "60000",
   });
   await initStack(infra.env);
   // BENCH_PROFILE=gateway|worker: those processes run under --cpu-prof (profiles written on stop)

@@ -68,3 +68,29 @@ test("tail check - behind its user's head: asked with the head; no head in Redis
     hub.close();
   }
 });
+
+test("tail check - a session behind the head it read but caught up by the next tick (its pushes were in flight) reads nothing", async () => {
+  const hub = new SessionRegistry(new MemoryPushSource(), new FakeRoutes(), registry, new GatewayMetrics(), 1000, { warn: () => undefined });
+  let at = 5n;
+  const asked: (MailboxSeq | undefined)[] = [];
+  const m: HubMember = {
+    id: "s-busy", user: "busy", device: "d1", shard: 0, authAt: 1,
+    close: () => undefined, onPushes: () => undefined, onShardChange: () => undefined, catchUpTo: () => undefined,
+    tailPosition: () => at,
+    fillTail: (head) => void asked.push(head),
+  };
+  hub.open(m);
+  hub.add(m);
+  let reads = 0;
+  try {
+    hub.startTailChecks(1, async (users) => {
+      reads++;
+      if (reads === 1) setTimeout(() => (at = 9n), 100); // the pushes up to 9 arrive
+      return users.map(() => ({ head: 9n, routes: ["gw-here"] }));
+    });
+    await waitFor("three checks", () => reads >= 3, { timeoutMs: 6000 });
+    assert.deepEqual(asked, [], "caught up before the next tick: no read");
+  } finally {
+    hub.close();
+  }
+});

@@ -22,6 +22,7 @@ import {
   cursorSigner,
 } from "../../protocol/index.js";
 import { RequestError, TimeoutError } from "@nats-io/transport-node";
+import { JetStreamError } from "@nats-io/jetstream";
 import { UnavailableError } from "../../gateway/gather.js";
 import { streamCallError } from "../../gateway/mailbox-reader.js";
 import type { Session } from "../../gateway/session.js";
@@ -388,6 +389,9 @@ test("session - the stream reader's errors: not there is not ready, not answered
   assert.equal(timeout.retryMs, 2000);
   assert.match(timeout.message, /^shard 3's stream did not answer \(timeout\); reconnect$/);
   assert.ok(streamCallError(new RequestError("request failed"), 3, true) instanceof UnavailableError);
+  // a read's consumer that went quiet (this process too busy to see its heartbeats): 4503, not 4500
+  assert.ok(streamCallError(new JetStreamError("heartbeats missed"), 3, true) instanceof UnavailableError);
+  assert.equal(streamCallError(new JetStreamError("something else"), 3, true) instanceof UnavailableError, false);
   const bug = new TypeError("a bug");
   assert.equal(streamCallError(bug, 3, true), bug);
 });
