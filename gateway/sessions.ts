@@ -116,9 +116,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     const now = Date.now();
     let received = 0;
     let strays = 0;
-    let byUser: Map<string, Push[]> | undefined;
-    let one: Push[] | undefined;
-    let oneUser = "";
+    const byUser = new Map<string, Push[]>();
     for (const push of batch) {
       const shard = this.registry.state.shards.get(push.shard);
       if (shard !== undefined && push.epoch < shard.epoch) {
@@ -135,26 +133,13 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
       received++;
       // once per entry here, before the fan-out to this user's devices; ts is the dispatcher's clock
       this.metrics.pushLatency.observe(Math.max(0, now - push.entry.ts) / 1000);
-      // most batches hold one push per user: no map for those
-      if (one === undefined) {
-        one = [push];
-        oneUser = push.user;
-      } else if (byUser === undefined && oneUser === push.user) {
-        one.push(push);
-      } else {
-        byUser ??= new Map([[oneUser, one]]);
-        const list = byUser.get(push.user);
-        if (list === undefined) byUser.set(push.user, [push]);
-        else list.push(push);
-      }
+      const list = byUser.get(push.user);
+      if (list === undefined) byUser.set(push.user, [push]);
+      else list.push(push);
     }
     if (received > 0) this.metrics.pushesReceived.inc(received);
     if (strays > 0) this.metrics.strayPushes.inc(strays);
-    if (byUser === undefined) {
-      if (one !== undefined) this.deliver(oneUser, one);
-    } else {
-      for (const [user, pushes] of byUser) this.deliver(user, pushes);
-    }
+    for (const [user, pushes] of byUser) this.deliver(user, pushes);
   }
 
   private deliver(user: string, pushes: readonly Push[]): void {

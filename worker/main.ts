@@ -49,6 +49,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
   const keys = new RedisKeys(config.JETGATE_REDIS_PREFIX);
   const routing = redis as RoutingClient;
   const beats = new GatewayBeats(() => routing.jgGatewaysSeen(keys.gateways()), () => pushes.forgetDrops());
+  const noted = { unrouted: metrics.unroutedPushes, broadcast: metrics.broadcastPushes, silent: metrics.silentRoutes };
   const pushes = new PushRouter(
     {
       publish: (subject, data) => {
@@ -57,7 +58,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
       },
       // every registration of a silent gateway, whatever its generation
       dropRoutes: (user, gateways) => void routing.jgRouteDrop(keys.watermarks(user), String(Number.MAX_SAFE_INTEGER), ...gateways).catch(() => undefined),
-      note: (what) => ({ unrouted: metrics.unroutedPushes, broadcast: metrics.broadcastPushes, silent: metrics.silentRoutes })[what].inc(),
+      note: (what) => noted[what].inc(),
     },
     beats,
   );

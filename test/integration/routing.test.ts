@@ -190,3 +190,18 @@ test("routing - the route scripts: a late removal never takes a newer registrati
   assert.deepEqual(parseRoutes(""), { gateways: [], unknown: false });
   assert.ok((await redis.ttl(key)) > 0, "the hash has an expiry");
 });
+
+test("routing - the gateways' beat set lost alone: each gateway registers its routes again, and delivery goes on", async () => {
+  const user = "r-beats";
+  const dev = await live(gwA.httpPort, user);
+  const tokenOf = async () => ((await redis.hget(keys.watermarks(user), ":r")) ?? "").split(",").find((t) => t.startsWith("gw-a.")) ?? "";
+  const before = await tokenOf();
+  await redis.del(keys.gateways());
+  await waitFor("gw-a registered again (a newer generation)", async () => {
+    const now = await tokenOf();
+    return now !== "" && Number(now.split(".")[1]) > Number(before.split(".")[1]);
+  }, { timeoutMs: 5000 });
+  await send(user, "gb0");
+  await waitFor("gb0 live", () => dev.entries().some((e) => e.id === "gb0"), { timeoutMs: 3000 });
+  dev.close();
+});

@@ -131,6 +131,9 @@ test("worker - Redis FLUSHALL while it runs: it keeps going, no push is lost, ca
   for (const u of users) {
     assert.ok((await r.hget(keys.watermarks(u), "default")) !== null, `watermark of ${u} refilled`);
     assert.ok((await r.xlen(keys.hotCache(u))) > 0, `hot cache of ${u} refilled`);
+    // made again after the flush, each with an expiry (XADD NOMKSTREAM noticed the cache gone)
+    assert.ok((await r.ttl(keys.hotCache(u))) > 0, `hot cache of ${u} expires`);
+    assert.ok((await r.ttl(keys.watermarks(u))) > 0, `watermarks of ${u} expire`);
   }
   await waitFor("lease taken again", async () => (await r.exists(keys.lease(0))) === 1 && (await r.exists(keys.lease(1))) === 1);
   assert.deepEqual([...registry.state.shards.values()].map((s) => s.epoch), epochsBefore, "no takeover: the worker kept its shards");
