@@ -14,7 +14,7 @@ mod.cli(process.argv.slice(2)).then(
     if (code >= 0) process.exit(code);
   },
   (err) => {
-    const known = ["ConfigError", "UsageError", "OperationError"].includes(err?.name);
+    const known = ["ConfigError", "UsageError", "OperationError", "NatsServerTooOldError"].includes(err?.name);
     console.error(known ? err.message : err);
     // 64: bad usage (EX_USAGE); 2: the operation was refused or cannot go on; 1: anything else
     process.exit(err?.name === "UsageError" ? 64 : err?.name === "OperationError" ? 2 : 1);

@@ -22,6 +22,7 @@ export * from "./io/streams.js";
 export * from "./entry.js";
 export * from "./io/dispatch.js";
 export * from "./io/connect.js";
+export * from "./nats-version.js";
 export * from "./layout.js";
 export * from "./io/process.js";
 export * from "./io/ops-http.js";

@@ -2,8 +2,10 @@
  * `npm start`: the whole stack on one machine, for trying jetgate out.
  *
  * 1. nats-server (JetStream) and redis-server: used when reachable at JETGATE_NATS_URL /
- *    JETGATE_REDIS_URL, else started as child processes with their data in a temp dir (installed with
- *    apt-get when missing and we may: root, apt-get present, JETGATE_START_INSTALL not false).
+ *    JETGATE_REDIS_URL (NATS only when it is 2.12.1 or later), else started as child processes with
+ *    their data in a temp dir: the pinned nats-server (scripts/pinned.ts, built with go install once
+ *    per machine), Debian's redis-server (installed with apt-get when missing and we may: root,
+ *    apt-get present, JETGATE_START_INSTALL not false).
  * 2. `registry init`, one worker, one gateway (child processes).
  * 3. A demo device (the SDK, in this process) for user `demo`, printing every entry it receives.
  * Ctrl-C stops everything. Send it entries with `npm run dispatch -- --to demo --text hello`.
@@ -11,17 +13,19 @@
  */
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
-import { createConnection } from "node:net";
+import { createConnection, createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import WebSocket from "ws";
 import { SignJWT } from "jose";
-import { Dispatcher, RegistryClient, connectNats, loadConfig, parseFlags, ConfigError, type Config } from "../protocol/index.js";
+import { connect } from "@nats-io/transport-node";
+import { Dispatcher, RegistryClient, connectNats, loadConfig, natsVersionProblem, parseFlags, ConfigError, type Config } from "../protocol/index.js";
 import { initRegistry } from "../worker/registry-init.js";
 import { JetgateClient, type WebSocketFactory } from "../client/index.js";
 import { FileCursorStore } from "../client/node.js";
 import { buildSdk } from "./build-sdk.js";
+import { NATS_SERVER_VERSION, ensurePinnedNatsServer } from "./pinned.js";
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url));
 const children: ChildProcess[] = [];
@@ -47,7 +51,7 @@ function ensureInstalled(bin: string, pkg: string, allowed: boolean, extra: stri
   if (found) return found;
   const mayInstall = allowed && process.getuid?.() === 0 && which("apt-get") !== undefined;
   if (!mayInstall) {
-    throw new Error(`${bin} is not installed and not reachable. Install it (Debian/Ubuntu: sudo apt-get install -y ${pkg}) or point ${bin === "redis-server" ? "JETGATE_REDIS_URL" : "JETGATE_NATS_URL"} at a running one.`);
+    throw new Error(`${bin} is not installed and not reachable. Install it (Debian/Ubuntu: sudo apt-get install -y ${pkg}) or point JETGATE_REDIS_URL at a running one.`);
   }
   say(`installing ${pkg} with apt-get`);
   spawnSync("apt-get", ["update", "-qq"], { stdio: "inherit" });
@@ -80,15 +84,53 @@ async function waitUntil(what: string, check: () => Promise<boolean>, ms = 30_00
   throw new Error(`${what} did not come up within ${ms / 1000} s`);
 }
 
-async function infrastructure(config: Config, dir: string): Promise<void> {
+/** The version of the nats-server answering at `url`; undefined when it does not answer as one. */
+async function natsVersionAt(url: string): Promise<string | undefined> {
+  const nc = await connect({ servers: url, reconnect: false, timeout: 2000 }).catch(() => undefined);
+  if (nc === undefined) return undefined;
+  const v = nc.info?.version;
+  await nc.close().catch(() => undefined);
+  return v;
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const port = (srv.address() as { port: number }).port;
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/**
+ * NATS and Redis for the stack: a running one when it answers (NATS only when new enough), else
+ * one started here. Returns the NATS URL to use, which differs from the configured one when a
+ * server there was too old and the pinned one was started beside it.
+ */
+async function infrastructure(config: Config, dir: string): Promise<string> {
   const nats = new URL(config.JETGATE_NATS_URL[0]!);
   const redis = new URL(config.JETGATE_REDIS_URL[0]!);
-  const natsPort = Number(nats.port || 4222);
+  let natsPort = Number(nats.port || 4222);
   const redisPort = Number(redis.port || 6379);
-  if (await reachable(nats.hostname, natsPort)) say(`using NATS at ${nats.host}`);
-  else {
-    const bin = ensureInstalled("nats-server", "nats-server", config.JETGATE_START_INSTALL, ["/usr/sbin/nats-server"]);
-    say(`starting nats-server (JetStream) on ${natsPort}, data in ${dir}`);
+  let natsUrl = config.JETGATE_NATS_URL[0]!;
+  let start = true;
+  if (await reachable(nats.hostname, natsPort)) {
+    const version = await natsVersionAt(natsUrl);
+    const problem = natsVersionProblem(version);
+    if (problem === undefined) {
+      say(`using NATS at ${nats.host} (nats-server ${version})`);
+      start = false;
+    } else {
+      natsPort = await freePort();
+      natsUrl = `nats://${nats.hostname}:${natsPort}`;
+      say(`not using NATS at ${nats.host}: ${problem}; starting the pinned nats-server ${NATS_SERVER_VERSION} on ${natsPort} instead`);
+    }
+  }
+  if (start) {
+    const bin = ensurePinnedNatsServer(say);
+    say(`starting nats-server ${NATS_SERVER_VERSION} (JetStream) on ${natsPort}, data in ${dir}`);
     child("nats", bin, ["-a", nats.hostname, "-p", String(natsPort), "-js", "-sd", join(dir, "nats")], process.env);
     await waitUntil("nats-server", () => reachable(nats.hostname, natsPort));
   }
@@ -99,6 +141,7 @@ async function infrastructure(config: Config, dir: string): Promise<void> {
     child("redis", bin, ["--port", String(redisPort), "--bind", redis.hostname, "--dir", dir, "--save", "", "--appendonly", "no"], process.env);
     await waitUntil("redis-server", () => reachable(redis.hostname, redisPort));
   }
+  return natsUrl;
 }
 
 const USAGE = `usage: npm start [-- --state-dir <dir>]
@@ -112,7 +155,7 @@ let stopping = false;
 async function main(): Promise<void> {
   const { values } = parseFlags({ options: { "state-dir": { type: "string", default: join(ROOT, ".jetgate") } }, strict: true }, USAGE);
   const env: NodeJS.ProcessEnv = { JETGATE_LOG_LEVEL: "warn", JETGATE_DEMO_DIR: join(ROOT, "client", "demo"), ...process.env };
-  const config = loadConfig(env);
+  let config = loadConfig(env);
   const dir = mkdtempSync(join(tmpdir(), "jetgate-start-"));
   const demo: { client?: JetgateClient } = {};
   const stop = async (code: number) => {
@@ -129,7 +172,11 @@ async function main(): Promise<void> {
   process.on("SIGTERM", () => void stop(0));
 
   await buildSdk();
-  await infrastructure(config, dir);
+  const natsUrl = await infrastructure(config, dir);
+  if (natsUrl !== config.JETGATE_NATS_URL[0]) {
+    env.JETGATE_NATS_URL = natsUrl;
+    config = loadConfig(env);
+  }
   const nc = await connectNats(config, "jetgate-start");
   const report = await initRegistry(nc, { ...config, shards: config.JETGATE_SHARDS, by: "npm-start" });
   say(report.layoutWritten ? `registry initialised with ${report.shards} shards` : `registry already has ${report.shards} shards`);

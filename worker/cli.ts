@@ -125,6 +125,7 @@ ${USAGE}`);
       if (r.registryCreated) out("stream JETGATE_REGISTRY: created");
       for (const s of r.streamsCreated) out(`stream ${s}: created`);
       for (const s of r.streamsExisting) out(`stream ${s}: exists`);
+      for (const s of r.atomicEnabled) out(`stream ${s}: atomic batches allowed (allow_atomic)`);
       for (const s of r.mismatched) out(`WARNING stream ${s}: its log id differs from the registry's; workers will refuse it`);
       return r.mismatched.length > 0 ? 2 : 0;
     }

@@ -31,6 +31,8 @@ export interface InitReport {
   streamsExisting: string[];
   /** Shard streams whose log id differs from the registry's (someone recreated them by hand). */
   mismatched: string[];
+  /** Existing shard streams this run allowed atomic batches on (made by an older jetgate). */
+  atomicEnabled: string[];
 }
 
 export async function initRegistry(
@@ -59,6 +61,7 @@ export async function initRegistry(
       streamsCreated: [],
       streamsExisting: [],
       mismatched: [],
+      atomicEnabled: [],
     };
     for (const shard of registry.state.shards.values()) {
       if (shard.status !== "active") continue;
@@ -66,6 +69,11 @@ export async function initRegistry(
       const { info, created } = await ensureStream(jsm, cfg);
       (created ? report.streamsCreated : report.streamsExisting).push(cfg.name);
       if (logOfStream(info) !== shard.log) report.mismatched.push(cfg.name);
+      // A stream made before atomic batches were used: turn them on (nothing else of it changes).
+      else if (info.config.allow_atomic !== true) {
+        await jsm.streams.update(cfg.name, { ...info.config, allow_atomic: true });
+        report.atomicEnabled.push(cfg.name);
+      }
     }
     const ingress = await ensureStream(jsm, ingressStreamConfig(settings));
     (ingress.created ? report.streamsCreated : report.streamsExisting).push(ingress.info.config.name);

@@ -3,6 +3,8 @@ import { readFileSync } from "node:fs";
 import { connect, credsAuthenticator, nkeyAuthenticator, type NatsConnection, type NodeConnectionOptions } from "@nats-io/transport-node";
 import { Cluster, Redis, type RedisOptions } from "ioredis";
 import type { Config } from "../config.js";
+import { JetgateError } from "../errors.js";
+import { natsVersionProblem } from "../nats-version.js";
 import { REDIS_SCRIPTS } from "../layout.js";
 
 export type NatsSettings = Pick<
@@ -44,8 +46,22 @@ export function natsOptions(c: NatsSettings, name: string): NodeConnectionOption
   return opts;
 }
 
-export function connectNats(c: NatsSettings, name: string): Promise<NatsConnection> {
-  return connect(natsOptions(c, name));
+/** The server a process connected to is older than MIN_NATS_SERVER. */
+export class NatsServerTooOldError extends JetgateError {
+  constructor(message: string) {
+    super("NATS_SERVER_TOO_OLD", message);
+  }
+}
+
+/** Connects, then refuses (closing the connection) a server older than MIN_NATS_SERVER, naming the version found. */
+export async function connectNats(c: NatsSettings, name: string): Promise<NatsConnection> {
+  const nc = await connect(natsOptions(c, name));
+  const problem = natsVersionProblem(nc.info?.version);
+  if (problem !== undefined) {
+    await nc.close().catch(() => undefined);
+    throw new NatsServerTooOldError(`${problem}; connected to ${nc.getServer()}`);
+  }
+  return nc;
 }
 
 export type RedisClient = Redis | Cluster;

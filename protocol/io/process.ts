@@ -33,12 +33,14 @@ export function onShutdownSignal(stop: (signal: string) => void): void {
 
 /**
  * Runs a process's main when its module is the entry point (`metaUrl` is its import.meta.url).
- * A start-up failure exits 1; a config error prints just its list of bad variables.
+ * A start-up failure exits 1; a config error prints just its list of bad variables, a server too
+ * old just its version.
  */
 export function runAsMain(metaUrl: string, main: () => Promise<void>): void {
   if (metaUrl !== `file://${process.argv[1]}`) return;
   main().catch((err: unknown) => {
-    console.error((err as Error)?.name === "ConfigError" ? (err as Error).message : err);
+    // errors that say all there is to say: their message, without a stack
+    console.error(["ConfigError", "NatsServerTooOldError"].includes((err as Error)?.name) ? (err as Error).message : err);
     process.exit(1);
   });
 }

@@ -50,6 +50,8 @@ export function shardStreamConfig(shard: number, log: string, s: StreamSettings)
     duplicate_window: nanos(s.JETGATE_DUPLICATE_WINDOW_S * 1000),
     num_replicas: s.JETGATE_STREAM_REPLICAS,
     allow_direct: true,
+    // the Dispatcher's atomic batches: a user's queued entries appended all or none, in order
+    allow_atomic: true,
   };
 }
 

@@ -10,7 +10,12 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { waitFor } from "./wait.js";
 
-const NATS_BIN = process.env.NATS_SERVER_BIN ?? (existsSync("/usr/sbin/nats-server") ? "/usr/sbin/nats-server" : "nats-server");
+import { pinnedNatsServerPath } from "../../scripts/pinned.js";
+
+/** The pinned nats-server (scripts/pinned.ts; `npm test` builds it first), or NATS_SERVER_BIN. */
+const NATS_BIN = process.env.NATS_SERVER_BIN ?? pinnedNatsServerPath();
+/** Debian's nats-server (2.9.10 on bookworm): only for the test that jetgate refuses a server too old. */
+export const OLD_NATS_BIN = "/usr/sbin/nats-server";
 const REDIS_BIN = process.env.REDIS_SERVER_BIN ?? "redis-server";
 
 const live = new Set<ChildProcess>();
@@ -134,7 +139,7 @@ export abstract class ServerProcess {
     });
     try {
       await waitFor(`${bin} on port ${this.port} to be ready`, async () => {
-        if (spawnError) throw new Error(`cannot run ${bin}: ${spawnError.message}`);
+        if (spawnError) throw new Error(`cannot run ${bin}: ${spawnError.message}${bin === NATS_BIN ? " (npm test builds it first; alone: node --import tsx scripts/pinned.ts install)" : ""}`);
         if (!this.proc) throw new Error(`${bin} exited during start; log:\n${tail(log)}`);
         return this.ready();
       }, { timeoutMs, intervalMs: 25 });
@@ -202,6 +207,8 @@ export interface NatsOptions {
   port?: number;
   /** Listen address; 0.0.0.0 for partition tests, whose hosts reach it over their own links. */
   host?: string;
+  /** Another nats-server binary than the pinned one (OLD_NATS_BIN). */
+  bin?: string;
 }
 
 export class NatsServer extends ServerProcess {
@@ -233,7 +240,7 @@ export class NatsServer extends ServerProcess {
     }
     if (this.opts.jetstream !== false) args.push("-js", "-sd", join(this.dir, "store"));
     args.push(...(this.opts.args ?? []));
-    return { bin: NATS_BIN, args, log };
+    return { bin: this.opts.bin ?? NATS_BIN, args, log };
   }
 
   protected async ready(): Promise<boolean> {

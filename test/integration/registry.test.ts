@@ -27,6 +27,7 @@ test("registry - init creates registry, shard streams and INGRESS; a second run 
   assert.equal(second.shards, 2, "the existing layout wins");
   assert.deepEqual(second.streamsCreated, []);
   assert.deepEqual(second.mismatched, []);
+  assert.deepEqual(second.atomicEnabled, []);
   const reg = await RegistryClient.open(nc);
   try {
     assert.equal(reg.state.seq, 1, "exactly one record");
@@ -34,7 +35,15 @@ test("registry - init creates registry, shard streams and INGRESS; a second run 
     const info = await jsm.streams.info("MBX_0");
     assert.equal(logOfStream(info), reg.state.shards.get(0)!.log);
     assert.equal(info.config.allow_direct, true);
+    assert.equal(info.config.allow_atomic, true, "the Dispatcher's atomic batches");
     assert.deepEqual(info.config.subjects, ["mbx.0.>"]);
+    // a stream an older jetgate made, without atomic batches: the next init allows them, and only that
+    await jsm.streams.update("MBX_1", { ...(await jsm.streams.info("MBX_1")).config, allow_atomic: false });
+    const third = await initRegistry(nc, { ...config, shards: 2, by: "test" });
+    assert.deepEqual(third.atomicEnabled, ["MBX_1"]);
+    const after1 = await jsm.streams.info("MBX_1");
+    assert.equal(after1.config.allow_atomic, true);
+    assert.equal(logOfStream(after1), reg.state.shards.get(1)!.log);
   } finally {
     await reg.close();
   }

@@ -4,7 +4,7 @@ import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { NatsServer, RedisServer, freePort } from "../harness/servers.js";
+import { NatsServer, OLD_NATS_BIN, RedisServer, freePort } from "../harness/servers.js";
 import { waitFor } from "../harness/wait.js";
 
 const ROOT = new URL("../../", import.meta.url);
@@ -46,4 +46,31 @@ test("npm start - the whole stack comes up, the demo device prints what npm run 
   assert.match(out, /\[start\] stopping/);
   // a fresh Redis is no loss: the worker set is new, nothing was lost
   assert.doesNotMatch(out, /lost the worker set/);
+});
+
+test("npm start - a nats-server older than 2.12.1 at JETGATE_NATS_URL is named and left alone: the pinned one starts beside it", async () => {
+  const old = await NatsServer.start({ bin: OLD_NATS_BIN });
+  const env = {
+    PATH: process.env.PATH ?? "",
+    JETGATE_NATS_URL: old.url,
+    JETGATE_REDIS_URL: redis.url,
+    JETGATE_REDIS_PREFIX: "oldnats",
+    JETGATE_GATEWAY_PORT: String(await freePort()),
+    JETGATE_WORKER_HTTP_PORT: String(await freePort()),
+    JETGATE_GATEWAY_METRICS_PORT: String(await freePort()),
+  };
+  const start = spawn(process.execPath, ["--import", "tsx", "scripts/start.ts", "--state-dir", mkdtempSync(join(tmpdir(), "jetgate-demo-"))], { cwd: ROOT, env });
+  let out = "";
+  start.stdout.on("data", (d: Buffer) => (out += d.toString()));
+  start.stderr.on("data", (d: Buffer) => (out += d.toString()));
+  try {
+    await waitFor("the welcome entry at the demo device", () => out.includes('body="welcome to jetgate"'), { timeoutMs: 90_000 });
+    assert.match(out, new RegExp(`not using NATS at 127\\.0\\.0\\.1:${old.port}: nats-server 2\\.9\\.\\d+ is too old: jetgate needs 2\\.12\\.1 or later .*; starting the pinned nats-server v2\\.15\\.2 on \\d+ instead`));
+    assert.match(out, /starting nats-server v2\.15\.2 \(JetStream\)/);
+  } finally {
+    start.kill("SIGINT");
+  }
+  const code = await new Promise<number | null>((r) => start.once("exit", r));
+  await old.dispose();
+  assert.equal(code, 0, out.slice(-2000));
 });

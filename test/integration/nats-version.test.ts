@@ -1,0 +1,41 @@
+/**
+ * Every process refuses a nats-server older than 2.12.1 at start-up, naming the version it found
+ * (Debian's 2.9.10 plays the old server; scripts/test-deps.sh installs it).
+ */
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { connectNats, loadConfig, natsVersionProblem, NatsServerTooOldError } from "../../protocol/index.js";
+import { NatsServer, OLD_NATS_BIN } from "../harness/servers.js";
+
+const old = await NatsServer.start({ bin: OLD_NATS_BIN });
+const current = await NatsServer.start();
+after(async () => {
+  await old.dispose();
+  await current.dispose();
+});
+
+test("nats version - connectNats refuses an old server with NATS_SERVER_TOO_OLD and the version found, and takes the pinned one", async () => {
+  await assert.rejects(connectNats(loadConfig({ JETGATE_NATS_URL: old.url }), "test"), (err: unknown) => {
+    assert.ok(err instanceof NatsServerTooOldError);
+    assert.equal(err.code, "NATS_SERVER_TOO_OLD");
+    assert.match(err.message, /nats-server 2\.9\.\d+ is too old: jetgate needs 2\.12\.1 or later/);
+    assert.match(err.message, new RegExp(`connected to 127\\.0\\.0\\.1:${old.port}`));
+    return true;
+  });
+  const nc = await connectNats(loadConfig({ JETGATE_NATS_URL: current.url }), "test");
+  assert.equal(natsVersionProblem(nc.info?.version), undefined, nc.info?.version);
+  await nc.close();
+});
+
+test("nats version - a worker started against an old server exits 1 with one line naming the version", async () => {
+  const p = spawn(process.execPath, ["--import", "tsx", "worker/main.ts"], {
+    env: { ...process.env, JETGATE_NATS_URL: old.url, JETGATE_REDIS_URL: "redis://127.0.0.1:1", JETGATE_LOG_LEVEL: "warn" },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let stderr = "";
+  p.stderr.on("data", (d: Buffer) => (stderr += d.toString()));
+  const code = await new Promise<number | null>((r) => p.on("exit", r));
+  assert.equal(code, 1);
+  assert.match(stderr, /^nats-server 2\.9\.\d+ is too old: jetgate needs 2\.12\.1 or later .*; connected to 127\.0\.0\.1:\d+\n$/);
+});
