@@ -6,9 +6,14 @@
  *
  * Ordering guarantee: entries one Dispatcher sends to one user land in that user's mailbox in the
  * order `dispatch` was called, even when a publish times out and is retried. Each user has a chain:
- * the next entry for a user is published only after the previous one is acknowledged (or has
- * failed for good). Different users are pipelined, up to `maxInFlight` publishes and
- * `maxInFlightBytes` entry bytes at once. A large dispatch (over 500 recipients) is validated
+ * one unit in flight at a time, the next only after it is acknowledged (or has failed for good). A
+ * unit is one entry, or, when several wait behind one in flight, up to `maxBatch` of them as one
+ * JetStream atomic batch (nats-server 2.12.1+): appended all or none, in order, at consecutive
+ * offsets, each with its Nats-Msg-Id, so a hot user is not held to one entry per round trip. A
+ * batch refused or unanswered is not sent again as a batch: its entries go one at a time, in order,
+ * with the same Nats-Msg-Ids (those the batch did append answer duplicate), before anything behind
+ * them (docs/registry-and-worker.md, "Ordering"). Different users are pipelined, up to
+ * `maxInFlight` entries and `maxInFlightBytes` entry bytes at once. A large dispatch (over 500 recipients) is validated
  * and scheduled 500 recipients per event-loop turn, and calls after it wait their turn, so
  * the order of calls is kept and no call holds the event loop for long. A retry
  * reuses the Nats-Msg-Id, so JetStream drops the copy inside its duplicate window and the worker's
@@ -87,8 +92,18 @@ export interface DispatcherOptions {
   ackTimeoutMs?: number;
   /** Publish attempts per entry before its result is an error. */
   attempts?: number;
-  /** Publishes awaiting an ack at once, over all users. */
+  /** Entries awaiting an ack at once, over all users. */
   maxInFlight?: number;
+  /**
+   * Most entries in one atomic batch (default 500; nats-server takes 1000). 1: no batches, a
+   * user's entries go one per round trip.
+   */
+  maxBatch?: number;
+  /**
+   * Atomic batches open at once per shard stream (default 16). nats-server holds at most 50 per
+   * stream over all its clients (1000 per server); a batch it refuses goes one entry at a time.
+   */
+  maxBatchesPerShard?: number;
   /**
    * Entry bytes awaiting an ack at once, over all users (default 8 MiB): what nats.js holds for
    * its socket. A dispatch to many recipients goes out through this window, never all at once,
@@ -99,6 +114,8 @@ export interface DispatcherOptions {
 
 /** Recipients validated or scheduled per event-loop turn, and publishes sent per turn: a large dispatch is sliced. */
 const SLICE = 500;
+/** Most entry bytes in one atomic batch: nats-server stages a batch until its commit. */
+const MAX_BATCH_BYTES = 1024 * 1024;
 const nextTurn = () => new Promise<void>((r) => setImmediate(r));
 
 type Validated = DispatchRequest & { shards: number[] };
@@ -111,6 +128,11 @@ export interface DispatchStats {
   retries: number;
   /** Entries whose result was an error. */
   failed: number;
+  /** Atomic batches committed, and the entries in them. */
+  batches: number;
+  batchedEntries: number;
+  /** Batches refused or unanswered, whose entries went one at a time instead. */
+  batchFallbacks: number;
 }
 
 /**
@@ -132,7 +154,24 @@ interface Job {
   lastError: string;
   call: Call;
   index: number;
+  /** Sent alone from now on: it was in a batch that failed. */
+  solo: boolean;
 }
+
+/** A user's entries sent as one atomic batch: consecutive in the user's order, one shard stream. */
+interface Batch {
+  user: string;
+  shard: number;
+  jobs: Job[];
+  bytes: number;
+  deadline: number;
+}
+
+/** What holds one in-flight place of a user: an entry, or a batch of them. */
+type Unit = Job | Batch;
+const isBatch = (u: Unit): u is Batch => "jobs" in u;
+const unitBytes = (u: Unit) => (isBatch(u) ? u.bytes : u.data.byteLength);
+const unitSize = (u: Unit) => (isBatch(u) ? u.jobs.length : 1);
 
 /** One `dispatch()` call: its results, filled in as its jobs finish. */
 interface Call {
@@ -152,6 +191,8 @@ class AckError extends Error {
 }
 
 const ACK_SEQ = /^\{"stream":"[^"]*",(?:"domain":"[^"]*",)?"seq":(\d+)(,"duplicate":true)?\}$/;
+/** nats-server's refusals of a batch as such (not of its entries): atomic publish disabled on the stream; too many batches open. */
+const ATOMIC_DISABLED = 10174;
 const ackText = new TextDecoder();
 
 /**
@@ -159,7 +200,7 @@ const ackText = new TextDecoder();
  * with one regular expression (JSON.parse and its object cost more than the rest of the ack's
  * handling); anything else, errors included, goes through JSON.parse.
  */
-function readAck(data: Uint8Array): { seq?: unknown; duplicate?: unknown; error?: { code?: number; description?: string } } | undefined {
+function readAck(data: Uint8Array): { seq?: unknown; duplicate?: unknown; count?: unknown; error?: { code?: number; err_code?: number; description?: string } } | undefined {
   const text = ackText.decode(data);
   const m = ACK_SEQ.exec(text);
   if (m !== null) return { seq: Number(m[1]), duplicate: m[2] !== undefined };
@@ -219,17 +260,26 @@ function repeatedDispatch(reqs: readonly DispatchRequest[]): DispatchValidationE
 }
 
 export class Dispatcher {
-  readonly stats: DispatchStats = { appended: 0, retries: 0, failed: 0 };
+  readonly stats: DispatchStats = { appended: 0, retries: 0, failed: 0, batches: 0, batchedEntries: 0, batchFallbacks: 0 };
   private readonly prefix = createInbox("_INBOX_JG");
+  /** Batch ids: this Dispatcher's inbox token and a counter (nats-server takes up to 64 characters). */
+  private readonly batchPrefix = this.prefix.slice(this.prefix.lastIndexOf(".") + 1);
+  private nextBatch = 0;
   private readonly sub: Subscription;
-  /** Publishes awaiting an ack, by reply token; insertion order is deadline order. */
-  private readonly pending = new Map<string, Job>();
-  /** Users with a job in flight, and the jobs waiting behind it (the per-user order); null: none waiting. */
+  /** Units awaiting an ack, by reply token; insertion order is deadline order. */
+  private readonly pending = new Map<string, Unit>();
+  /** Users with a unit in flight, and the jobs waiting behind it (the per-user order); null: none waiting. */
   private readonly users = new Map<string, Job[] | null>();
-  /** Jobs of idle users waiting for an in-flight slot. */
-  private readonly waiting: Job[] = [];
-  /** Jobs holding a slot, to be published at the end of this event-loop turn (publishOutbox). */
-  private readonly outbox: Job[] = [];
+  /** Units of users waiting for an in-flight place. */
+  private readonly waiting: Unit[] = [];
+  /** Units holding a place, to be published at the end of this event-loop turn (publishOutbox). */
+  private readonly outbox: Unit[] = [];
+  /** Atomic batches in flight per shard. */
+  private readonly openBatches = new Map<number, number>();
+  /** Shards whose stream refused atomic publish (made by an older jetgate before `registry init`): entries go one by one. */
+  private readonly atomicOff = new Set<number>();
+  private readonly maxBatch: number;
+  private readonly maxBatchesPerShard: number;
   private readonly lanes: Set<string>;
   private readonly maxBody: number;
   private readonly ackTimeoutMs: number;
@@ -257,6 +307,8 @@ export class Dispatcher {
     this.attempts = opts.attempts ?? 5;
     this.maxInFlight = opts.maxInFlight ?? 10_000;
     this.maxInFlightBytes = opts.maxInFlightBytes ?? 8 * 1024 * 1024;
+    this.maxBatch = Math.max(1, Math.min(opts.maxBatch ?? 500, 1000));
+    this.maxBatchesPerShard = opts.maxBatchesPerShard ?? 16;
     this.sub = nc.subscribe(`${this.prefix}.*`, { callback: (err, msg) => (err ? undefined : this.onAck(msg)) });
     // One timer for every ack deadline instead of one per publish.
     this.sweeper = setInterval(() => this.sweep(), Math.max(10, Math.min(100, Math.floor(this.ackTimeoutMs / 4))));
@@ -422,7 +474,7 @@ export class Dispatcher {
       const shard = r.shards[i]!;
       this.schedule({
         user, shard, subject: entrySubject(shard, user, r.lane), data, msgId: entryMsgId(r.dispatch_id, user),
-        attempt: 0, deadline: 0, lastError: "", call, index: i,
+        attempt: 0, deadline: 0, lastError: "", call, index: i, solo: false,
       });
       if ((i + 1) % SLICE === 0) yield;
     }
@@ -440,25 +492,51 @@ export class Dispatcher {
     this.admit(job);
   }
 
-  /** The job (its user's next) takes a slot when there is one, else waits for one, in arrival order. */
-  private admit(job: Job): void {
-    if (this.waiting.length === 0 && this.fits(job)) this.send(job);
-    else this.waiting.push(job);
+  /** The unit (its user's next) takes a place when there is one, else waits for one, in arrival order. */
+  private admit(unit: Unit): void {
+    if (this.waiting.length === 0 && this.fits(unit)) this.send(unit);
+    else this.waiting.push(unit);
   }
 
-  /** A slot and room in the byte window (always, when nothing is in flight: a body larger than the window goes alone). */
-  private fits(job: Job): boolean {
-    return this.inFlight === 0 || (this.inFlight < this.maxInFlight && this.inFlightBytesNow + job.data.byteLength <= this.maxInFlightBytes);
+  /** A place and room in the byte window (always, when nothing is in flight: a body larger than the window goes alone). */
+  private fits(unit: Unit): boolean {
+    return this.inFlight === 0 || (this.inFlight + unitSize(unit) <= this.maxInFlight && this.inFlightBytesNow + unitBytes(unit) <= this.maxInFlightBytes);
   }
 
-  /** Takes the job's in-flight slot; it is published with the rest of this event-loop turn's. */
-  private send(job: Job): void {
-    if (job.attempt === 0) {
-      this.inFlight++;
-      this.inFlightBytesNow += job.data.byteLength;
-    } else this.stats.retries++;
-    job.attempt++;
-    this.outbox.push(job);
+  /**
+   * The next unit of a user's queue: its first job alone, or, when more of the same shard follow,
+   * as many of them as one batch takes (a job that was in a failed batch always goes alone).
+   */
+  private takeUnit(queue: Job[]): Unit {
+    const head = queue[0]!;
+    if (this.maxBatch === 1 || queue.length === 1 || head.solo || this.atomicOff.has(head.shard) || (this.openBatches.get(head.shard) ?? 0) >= this.maxBatchesPerShard) return queue.shift()!;
+    const limit = Math.min(this.maxBatch, this.maxInFlight);
+    const maxBytes = Math.min(this.maxInFlightBytes, MAX_BATCH_BYTES);
+    let n = 1;
+    let bytes = head.data.byteLength;
+    for (; n < queue.length && n < limit; n++) {
+      const j = queue[n]!;
+      if (j.shard !== head.shard || j.solo || bytes + j.data.byteLength > maxBytes) break;
+      bytes += j.data.byteLength;
+    }
+    if (n === 1) return queue.shift()!;
+    this.openBatches.set(head.shard, (this.openBatches.get(head.shard) ?? 0) + 1);
+    return { user: head.user, shard: head.shard, jobs: queue.splice(0, n), bytes, deadline: 0 };
+  }
+
+  /** Takes the unit's in-flight place; it is published with the rest of this event-loop turn's. */
+  private send(unit: Unit): void {
+    if (isBatch(unit)) {
+      this.inFlight += unit.jobs.length;
+      this.inFlightBytesNow += unit.bytes;
+    } else {
+      if (unit.attempt === 0) {
+        this.inFlight++;
+        this.inFlightBytesNow += unit.data.byteLength;
+      } else this.stats.retries++;
+      unit.attempt++;
+    }
+    this.outbox.push(unit);
     if (!this.outboxScheduled) {
       this.outboxScheduled = true;
       setImmediate(this.publishOutbox);
@@ -466,38 +544,93 @@ export class Dispatcher {
   }
 
   /**
-   * Publishes the jobs sent since the last call, in order, up to SLICE of them in one synchronous
+   * Publishes the units sent since the last call, in order, up to SLICE entries in one synchronous
    * run, so nats.js writes them to the socket together: a caller that awaits each dispatch would
    * otherwise cost one socket write (and one read in nats-server) per entry. More wait for the next
    * turn: ten thousand publishes in one run held the event loop for tens of milliseconds.
    */
   private readonly publishOutbox = (): void => {
-    const jobs = this.outbox.splice(0, SLICE);
+    let take = 0;
+    for (let n = 0; take < this.outbox.length && n < SLICE; take++) n += unitSize(this.outbox[take]!);
+    const units = this.outbox.splice(0, take);
     if (this.outbox.length > 0) setImmediate(this.publishOutbox);
     else this.outboxScheduled = false;
     const deadline = Date.now() + this.ackTimeoutMs;
-    for (const job of jobs) {
-      job.deadline = deadline;
+    for (const unit of units) {
+      unit.deadline = deadline;
       const token = (this.nextToken++).toString(36);
-      this.pending.set(token, job);
+      this.pending.set(token, unit);
       try {
-        const h = headers();
-        h.set("Nats-Msg-Id", job.msgId);
-        this.nc.publish(job.subject, job.data, { reply: `${this.prefix}.${token}`, headers: h });
+        if (isBatch(unit)) this.publishBatch(unit, `${this.prefix}.${token}`);
+        else {
+          const h = headers();
+          h.set("Nats-Msg-Id", unit.msgId);
+          this.nc.publish(unit.subject, unit.data, { reply: `${this.prefix}.${token}`, headers: h });
+        }
       } catch (err) {
         this.pending.delete(token);
-        this.failedAttempt(job, new AckError(err instanceof Error ? err.message : String(err), true));
+        this.failedUnit(unit, new AckError(err instanceof Error ? err.message : String(err), true));
       }
     }
   };
 
+  /** One atomic batch: every entry but the last staged without a reply, the last commits and is answered for all. */
+  private publishBatch(batch: Batch, reply: string): void {
+    const id = `${this.batchPrefix}.${(this.nextBatch++).toString(36)}`;
+    const last = batch.jobs.length - 1;
+    for (let i = 0; i <= last; i++) {
+      const job = batch.jobs[i]!;
+      const h = headers();
+      h.set("Nats-Msg-Id", job.msgId);
+      h.set("Nats-Batch-Id", id);
+      h.set("Nats-Batch-Sequence", String(i + 1));
+      if (i === last) {
+        h.set("Nats-Batch-Commit", "1");
+        this.nc.publish(job.subject, job.data, { reply, headers: h });
+      } else this.nc.publish(job.subject, job.data, { headers: h });
+    }
+  }
+
   private sweep(): void {
     const now = Date.now();
-    for (const [token, job] of this.pending) {
-      if (job.deadline > now) break;
+    for (const [token, unit] of this.pending) {
+      if (unit.deadline > now) break;
       this.pending.delete(token);
-      this.failedAttempt(job, new AckError(`ack timeout after ${this.ackTimeoutMs} ms`, true));
+      this.failedUnit(unit, new AckError(`ack timeout after ${this.ackTimeoutMs} ms`, true));
     }
+  }
+
+  private failedUnit(unit: Unit, err: AckError, errCode?: number): void {
+    if (isBatch(unit)) this.failedBatch(unit, err, errCode);
+    else this.failedAttempt(unit, err);
+  }
+
+  /**
+   * A batch refused, or not answered in time (it may yet be appended, whole): its entries go back to
+   * the head of their user's queue, to be sent one at a time with the same Nats-Msg-Ids, so each
+   * either lands after the one before it or answers duplicate (the batch landed). Their order and
+   * their place before the user's later entries are kept. A stream without atomic publish gets no
+   * more batches from this Dispatcher.
+   */
+  private failedBatch(batch: Batch, err: AckError, errCode?: number): void {
+    this.stats.batchFallbacks++;
+    if (errCode === ATOMIC_DISABLED) this.atomicOff.add(batch.shard);
+    this.closeBatch(batch);
+    this.inFlight -= batch.jobs.length;
+    this.inFlightBytesNow -= batch.bytes;
+    for (const job of batch.jobs) {
+      job.solo = true;
+      job.lastError = `in an atomic batch: ${err.message}`;
+    }
+    const queue = this.users.get(batch.user);
+    this.users.set(batch.user, queue ? [...batch.jobs, ...queue] : batch.jobs.slice());
+    this.advance(batch.user);
+  }
+
+  private closeBatch(batch: Batch): void {
+    const open = (this.openBatches.get(batch.shard) ?? 1) - 1;
+    if (open > 0) this.openBatches.set(batch.shard, open);
+    else this.openBatches.delete(batch.shard);
   }
 
   private failedAttempt(job: Job, err: AckError): void {
@@ -517,6 +650,12 @@ export class Dispatcher {
   }
 
   private finish(job: Job, result: DispatchResult): void {
+    this.complete(job, result);
+    this.advance(job.user);
+  }
+
+  /** The job's result, and its in-flight place given back. */
+  private complete(job: Job, result: DispatchResult): void {
     if ("error" in result) this.stats.failed++;
     else this.stats.appended++;
     const call = job.call;
@@ -524,18 +663,29 @@ export class Dispatcher {
     if (--call.remaining === 0) call.resolve(call.results);
     this.inFlight--;
     this.inFlightBytesNow -= job.data.byteLength;
-    // This user's next job joins the waiting line (it keeps the user's place: later ones wait behind it).
-    const next = this.users.get(job.user)?.shift();
-    if (next !== undefined) this.waiting.push(next);
-    else this.users.delete(job.user);
+  }
+
+  /** The user's unit in flight is done: its next unit joins the waiting line (keeping the user's place), and waiting units take free places. */
+  private advance(user: string): void {
+    const queue = this.users.get(user);
+    if (queue === undefined || queue === null || queue.length === 0) this.users.delete(user);
+    else {
+      this.waiting.push(this.takeUnit(queue));
+      if (queue.length === 0) this.users.set(user, null);
+    }
     while (this.waiting.length > 0 && this.fits(this.waiting[0]!)) this.send(this.waiting.shift()!);
   }
 
   private onAck(msg: Msg): void {
     const token = msg.subject.slice(this.prefix.length + 1);
-    const job = this.pending.get(token);
-    if (!job) return; // a late ack of an attempt that already timed out
+    const unit = this.pending.get(token);
+    if (!unit) return; // a late ack of an attempt that already timed out
     this.pending.delete(token);
+    if (isBatch(unit)) {
+      this.onBatchAck(unit, msg);
+      return;
+    }
+    const job = unit;
     if (msg.headers?.hasError) {
       // 503: no stream is listening on the subject (yet): worth a retry.
       this.failedAttempt(job, new AckError(`${msg.headers.code} ${msg.headers.description}`, msg.headers.code === 503));
@@ -555,7 +705,11 @@ export class Dispatcher {
       this.failedAttempt(job, new AckError("ack without seq", true));
       return;
     }
-    const offset = body.seq;
+    this.finish(job, this.resultAt(job, body.seq, body.duplicate === true));
+  }
+
+  /** The result of a job appended at `offset`: its mailbox_seq as the registry numbers that offset now. */
+  private resultAt(job: Job, offset: number, duplicate: boolean): DispatchResult {
     let seq: MailboxSeq | undefined;
     try {
       // Every log's first boundary starts at offset 1 and shards are never removed: always defined.
@@ -565,10 +719,36 @@ export class Dispatcher {
     }
     if (seq === undefined) {
       const message = `appended at offset ${offset}, but the registry numbers no such offset of shard ${job.shard}`;
-      this.finish(job, { user: job.user, shard: job.shard, error: { code: "DISPATCH_REJECTED", message } });
+      return { user: job.user, shard: job.shard, error: { code: "DISPATCH_REJECTED", message } };
+    }
+    return { user: job.user, shard: job.shard, seq, offset, duplicate };
+  }
+
+  /**
+   * A batch's commit answer: `{"stream":..,"seq":<last offset>,"batch":..,"count":n}`. The batch's
+   * entries are at the n offsets ending there (a commit appends them together, in order).
+   */
+  private onBatchAck(batch: Batch, msg: Msg): void {
+    if (msg.headers?.hasError) {
+      this.failedBatch(batch, new AckError(`${msg.headers.code} ${msg.headers.description}`, true));
       return;
     }
-    this.finish(job, { user: job.user, shard: job.shard, seq, offset, duplicate: body.duplicate === true });
+    const body = readAck(msg.data);
+    if (body === undefined || body.error !== undefined) {
+      this.failedBatch(batch, new AckError(body?.error ? `${body.error.code ?? 0} ${body.error.description ?? ""}`.trim() : "unreadable ack", true), body?.error?.err_code);
+      return;
+    }
+    const n = batch.jobs.length;
+    if (typeof body.seq !== "number" || body.count !== n) {
+      this.failedBatch(batch, new AckError(`batch ack without seq or with count ${String(body.count)} for ${n} entries`, true));
+      return;
+    }
+    this.closeBatch(batch);
+    this.stats.batches++;
+    this.stats.batchedEntries += n;
+    const first = body.seq - n + 1;
+    for (let i = 0; i < n; i++) this.complete(batch.jobs[i]!, this.resultAt(batch.jobs[i]!, first + i, false));
+    this.advance(batch.user);
   }
 
   /** Stops listening for acks; publishes still pending fail by timeout. */

@@ -100,6 +100,7 @@ test("dispatch - each user's entries stay in dispatch order while publishes time
   await pauses;
   assert.equal(results.filter((r) => r.error !== undefined).length, 0, "every entry was appended");
   assert.ok(d.stats.retries > 0, `publishes were retried (${d.stats.retries})`);
+  assert.ok(d.stats.batches > 0, `queued entries went in batches (${d.stats.batches}; ${d.stats.batchFallbacks} fell back to one at a time)`);
   // Read both shard streams in order and compare each user's sequence with the dispatch order.
   const js = jetstream(nc);
   const seen = new Map<string, string[]>(users.map((u) => [u, []]));
@@ -250,4 +251,71 @@ test("dispatch - a large dispatch is sliced; a smaller call made after it still 
   assert.ok("seq" in last && "seq" in after && after.seq > last.seq, "the later call's entry comes after the earlier call's for the same user");
   assert.ok(turns > 0, "timers ran while it was validated, scheduled and published");
   d.close();
+});
+
+/** The entry id and user stored at each offset of a user's shard stream, read back by direct get. */
+async function storedAt(user: string, offsets: number[]): Promise<string[]> {
+  const jsm = await jetstreamManager(nc);
+  const stream = shardStream(registry.shards.shardOf(user)!);
+  const ids: string[] = [];
+  for (const seq of offsets) {
+    const m = await jsm.direct.getMessage(stream, { seq });
+    assert.ok(m !== null, `offset ${seq} of ${stream}`);
+    assert.equal(parseEntrySubject(m.subject)?.user, user, `offset ${seq} holds ${user}'s entry`);
+    ids.push(decodeStoredEntry(m.data).id);
+  }
+  return ids;
+}
+
+const entry = (id: string, user: string) => ({ dispatch_id: id, message_id: id, lane: "default", recipients: [user], body: new Uint8Array([7]) });
+
+test("dispatch - a hot user's entries queued behind one in flight go out as atomic batches: in order, each result's offset holding that entry", async () => {
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], maxBatch: 50 });
+  const user = "hot-batch";
+  const ids = Array.from({ length: 300 }, (_, i) => `hb${i}`);
+  const results = (await Promise.all(ids.map((id) => d.dispatch(entry(id, user))))).map((r) => r[0]!);
+  const offsets = results.map((r) => {
+    assert.ok("offset" in r && r.duplicate === false, JSON.stringify(r, (_, v: unknown) => (typeof v === "bigint" ? String(v) : v)));
+    return r.offset;
+  });
+  assert.ok(offsets.every((o, i) => i === 0 || o > offsets[i - 1]!), "offsets in call order");
+  assert.deepEqual(await storedAt(user, offsets), ids, "each result's offset holds its entry");
+  assert.ok(d.stats.batches >= 6, `batches committed (${d.stats.batches}), at most 50 entries each`);
+  assert.ok(d.stats.batchedEntries >= 250 && d.stats.batchedEntries <= 299, `entries in batches (${d.stats.batchedEntries}), the first went alone`);
+  assert.equal(d.stats.batchFallbacks, 0);
+  d.close();
+});
+
+test("dispatch - batches sent again after their entries landed (a retry after a lost answer) are refused whole; each entry then answers duplicate at its offset", async () => {
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
+  const user = "hot-retry";
+  const ids = Array.from({ length: 60 }, (_, i) => `hr${i}`);
+  const first = (await Promise.all(ids.map((id) => d.dispatch(entry(id, user))))).map((r) => r[0]!);
+  assert.ok(d.stats.batches >= 1);
+  const again = (await Promise.all(ids.map((id) => d.dispatch(entry(id, user))))).map((r) => r[0]!);
+  assert.ok(d.stats.batchFallbacks >= 1, "the repeated batch was refused (it holds Nats-Msg-Ids already appended)");
+  for (const [i, r] of again.entries()) {
+    const f = first[i]!;
+    assert.ok("offset" in r && "offset" in f && r.duplicate === true && r.offset === f.offset, `entry ${i}: duplicate at the first offset`);
+  }
+  d.close();
+});
+
+test("dispatch - a stream that refuses atomic batches (made before they were allowed): the batch's entries go one at a time, in order, and no more batches go there", async () => {
+  const user = "no-atomic";
+  const stream = shardStream(registry.shards.shardOf(user)!);
+  const jsm = await jetstreamManager(nc);
+  await jsm.streams.update(stream, { ...(await jsm.streams.info(stream)).config, allow_atomic: false });
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
+  try {
+    const ids = Array.from({ length: 40 }, (_, i) => `na${i}`);
+    const results = (await Promise.all(ids.map((id) => d.dispatch(entry(id, user))))).map((r) => r[0]!);
+    const offsets = results.map((r) => (assert.ok("offset" in r && !r.duplicate), r.offset));
+    assert.deepEqual(await storedAt(user, offsets), ids, "all appended once, in order");
+    assert.equal(d.stats.batches, 0);
+    assert.equal(d.stats.batchFallbacks, 1, "one batch refused, then none tried on that stream");
+  } finally {
+    d.close();
+    await jsm.streams.update(stream, { ...(await jsm.streams.info(stream)).config, allow_atomic: true });
+  }
 });
