@@ -115,6 +115,13 @@ export const HASH_FIELDS = {
    * entry to every gateway and sets it to "", and the gateways holding the user register again.
    */
   routes: ":r",
+  /**
+   * The entry (`<log>:<offset>`) whose processing found the routes unknown and sent it to every
+   * gateway. The same entry processed again (the worker retries a batch whose script ran on one
+   * Redis node and failed on another, or whose answer was lost) is again sent to every gateway:
+   * the first run's broadcast never left, and by now the routes read "" (known, none).
+   */
+  broadcastBy: ":rb",
   /** When (Redis's clock, s) the worker last set the hash's expiry. */
   hashExpirySetAt: ":tw",
   /** When (Redis's clock, s) the worker last set the hot cache's expiry. */
@@ -221,18 +228,20 @@ for item in string.gmatch(ARGV[2], '[^;]+') do
   if not redis.call('SET', dd, token, 'NX', 'EX', dedupTtl) then
     if redis.call('GET', dd) ~= token then first = 0 end
   end
-  local wm = redis.call('HMGET', wmKey, lane, '${WATERMARK_ALL}', '${HASH_FIELDS.routes}', '${HASH_FIELDS.hashExpirySetAt}', '${HASH_FIELDS.cacheExpirySetAt}')
-  local prev, prevAll, routes, wmAt, hcAt = wm[1], wm[2], wm[3], tonumber(wm[4]), tonumber(wm[5])
+  local wm = redis.call('HMGET', wmKey, lane, '${WATERMARK_ALL}', '${HASH_FIELDS.routes}', '${HASH_FIELDS.hashExpirySetAt}', '${HASH_FIELDS.cacheExpirySetAt}', '${HASH_FIELDS.broadcastBy}')
+  local prev, prevAll, routes, wmAt, hcAt, broadcastBy = wm[1], wm[2], wm[3], tonumber(wm[4]), tonumber(wm[5]), wm[6]
   local set = {}
   if (not prev) or prev < seq then set[#set + 1] = lane; set[#set + 1] = seq end
   if (not prevAll) or prevAll < seq then set[#set + 1] = '${WATERMARK_ALL}'; set[#set + 1] = seq end
   -- routes unknown (no field, or a gateway made it again after a loss: its '?' token): this entry
-  -- goes to every gateway, those with the user's sessions register again, and the rest is known
-  local unknown = (not routes) or string.find(',' .. routes .. ',', ',?,', 1, true) ~= nil
-  if unknown then
+  -- goes to every gateway, those with the user's sessions register again, and the rest is known;
+  -- the entry that found them unknown finds them so again when it is processed again
+  local unknown = (not routes) or string.find(',' .. routes .. ',', ',?,', 1, true) ~= nil or broadcastBy == token
+  if unknown and broadcastBy ~= token then
     local known = {}
     for t in string.gmatch(routes or '', '[^,]+') do if t ~= '?' then known[#known + 1] = t end end
     set[#set + 1] = '${HASH_FIELDS.routes}'; set[#set + 1] = table.concat(known, ',')
+    set[#set + 1] = '${HASH_FIELDS.broadcastBy}'; set[#set + 1] = token
   end
   if maxlen > 0 then
     -- the row carries the user's previous seq: readers check coverage on the rows alone

@@ -25,7 +25,9 @@ const answer = (o: object) => process.stdout.write(JSON.stringify(o) + "\n");
 /** Appends one entry for each of `users`; resolves once every one is acknowledged. */
 let append: (users: string[]) => Promise<unknown>;
 if (mode === "dispatcher") {
-  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], maxInFlight: 5000 });
+  // BENCH_MAX_BATCH=1: the Dispatcher without atomic batches (one entry per user in flight), to compare
+  const maxBatch = process.env.BENCH_MAX_BATCH !== undefined ? Number(process.env.BENCH_MAX_BATCH) : undefined;
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], maxInFlight: 5000, ...(maxBatch !== undefined ? { maxBatch } : {}) });
   append = (users) => {
     const id = `p${index}x${nextId()}`;
     return d.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: users, body: stampedBody(nextId()) });

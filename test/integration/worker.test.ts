@@ -107,6 +107,28 @@ test("worker - the watermark script never lowers a watermark under concurrent up
   }
 });
 
+test("worker - a batch script run again (its batch retried after another Redis node failed) answers 'routes unknown' again for the entry that found them unknown", async () => {
+  const r = await redisClient(infra.redis.url);
+  const keys = new RedisKeys("rbtest");
+  try {
+    const shared = { shard: 0, log: "l", dedupTtlS: 60, hotCacheMaxLen: 0, hotCacheTtlS: 60, watermarkTtlS: 60 };
+    const e = (user: string, offset: number) => ({ user, dispatch: `d${offset}`, lane: "x", offset, seq: composeSeq(1, offset), body: new Uint8Array(1) });
+    // two users' hashes gone (a node restarted empty): each one's first entry goes to every gateway
+    const batch = [e("ua", 1), e("ub", 2), e("ua", 3)];
+    const first = await applyBatch(r, keys, shared, batch);
+    assert.deepEqual(first.map((x) => x.routes), [undefined, undefined, []], "unknown for each user's first entry, then known: nobody");
+    // the worker saw the batch fail elsewhere and runs it again: its broadcasts never left, so they go now
+    const again = await applyBatch(r, keys, shared, batch);
+    assert.deepEqual(again.map((x) => x.routes), [undefined, undefined, []]);
+    assert.deepEqual(again.map((x) => x.first), [true, true, true], "the same first copies");
+    // a later entry: known
+    const later = await applyBatch(r, keys, shared, [e("ua", 4)]);
+    assert.deepEqual(later[0]!.routes, []);
+  } finally {
+    r.disconnect();
+  }
+});
+
 test("worker - Redis FLUSHALL while it runs: it keeps going, no push is lost, caches refill", async () => {
   const epochsBefore = [...registry.state.shards.values()].map((s) => s.epoch);
   const users = ["f1", "f2", "f3", "f4", "f5"];
