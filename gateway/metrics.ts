@@ -1,5 +1,6 @@
 /** Prometheus metrics of a gateway. */
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+import type { DispatchStats } from "../protocol/index.js";
 
 export class GatewayMetrics {
   readonly registry = new Registry();
@@ -28,6 +29,9 @@ export class GatewayMetrics {
   readonly devicesEvicted: Counter;
   readonly registryRecord: Gauge;
   readonly pushLatency: Histogram;
+
+  /** The Dispatcher's counters (POST /v1/dispatch), read at each scrape. */
+  dispatchStats: () => DispatchStats = () => ({ appended: 0, retries: 0, failed: 0, batches: 0, batchedEntries: 0, batchFallbacks: 0 });
 
   constructor() {
     const registers = [this.registry];
@@ -67,6 +71,15 @@ export class GatewayMetrics {
       registers,
     });
     this.regressions.inc({ component: "gateway" }, 0);
+    // entries per atomic batch = batched_entries / batches; a hot user's entries queued behind one in flight
+    const fromStats = (name: string, help: string, field: keyof DispatchStats) => {
+      const stats = () => this.dispatchStats();
+      new Counter({ name, help, registers, collect() { this.reset(); this.inc(stats()[field]); } });
+    };
+    fromStats("jetgate_gateway_dispatch_entries_total", "Entries POST /v1/dispatch appended (acknowledged, duplicates included).", "appended");
+    fromStats("jetgate_gateway_dispatch_batches_total", "Atomic batches POST /v1/dispatch committed (a user's entries queued behind one in flight).", "batches");
+    fromStats("jetgate_gateway_dispatch_batched_entries_total", "Entries appended in atomic batches.", "batchedEntries");
+    fromStats("jetgate_gateway_dispatch_batch_fallbacks_total", "Atomic batches refused or unanswered, whose entries went one at a time instead.", "batchFallbacks");
   }
 
   private readonly framesOutByType = new Map<string, Counter.Internal>();

@@ -27,6 +27,7 @@ import { readFileSync } from "node:fs";
 import { execFileSync } from "node:child_process";
 import { LineProcess, SYSTEMS, startSystem, type System, type SystemName } from "./systems.js";
 import { merge, quantile, type Histogram } from "./entries.js";
+import { NATS_BIN } from "../../test/harness/servers.js";
 import { Redis } from "ioredis";
 
 const USAGE = `usage: npm run bench -- <fanout|hot|idle|storm|catchup> [--devices N] [--users U] [--seconds S] [--entries N]
@@ -383,7 +384,8 @@ if (systems.includes("jetgate") && process.env.BENCH_SOURCE !== "1") {
 }
 
 const rows: Row[] = [];
-const machine = `${cpus().length} cores (${cpus()[0]?.model.trim()}), node ${process.version}`;
+const natsVersion = execFileSync(NATS_BIN, ["--version"], { encoding: "utf8" }).trim().replace(/^nats-server: /, "");
+const machine = `${cpus().length} cores (${cpus()[0]?.model.trim()}), node ${process.version}, nats-server ${natsVersion}`;
 if (!values.json) console.log(`bench ${scenario}: ${devices} devices, ${nodes} node(s); ${machine}; ${new Date().toISOString()}`);
 for (const name of systems) {
   const sys = await startSystem(name, { nodes, shards });

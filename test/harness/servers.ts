@@ -13,7 +13,7 @@ import { waitFor } from "./wait.js";
 import { pinnedNatsServerPath } from "../../scripts/pinned.js";
 
 /** The pinned nats-server (scripts/pinned.ts; `npm test` builds it first), or NATS_SERVER_BIN. */
-const NATS_BIN = process.env.NATS_SERVER_BIN ?? pinnedNatsServerPath();
+export const NATS_BIN = process.env.NATS_SERVER_BIN ?? pinnedNatsServerPath();
 /** Debian's nats-server (2.9.10 on bookworm): only for the test that jetgate refuses a server too old. */
 export const OLD_NATS_BIN = "/usr/sbin/nats-server";
 const REDIS_BIN = process.env.REDIS_SERVER_BIN ?? "redis-server";

@@ -171,6 +171,21 @@ test("dispatch - the result's seq is the mailbox_seq the entry is pushed with (a
     assert.equal(typeof r3.seq, "bigint");
     assert.equal(r3.seq, composeSeq(before + 1, r3.offset));
     assert.equal(r3.seq, await pushed("hs3"));
+
+    // a batch request of 20 dispatches to one user: the first goes alone, the 19 behind it as one atomic batch
+    const many = Array.from({ length: 20 }, (_, i) => ({ dispatch_id: `hm${i}`, message_id: `hm${i}`, lane: "default", recipients: [user], body: `hm${i}` }));
+    const res = await fetch(`http://127.0.0.1:${gateway.httpPort}/v1/dispatch`, {
+      method: "POST",
+      headers: { authorization: "Bearer svc-secret", "content-type": "application/json" },
+      body: JSON.stringify({ dispatches: many }),
+    });
+    assert.equal(res.status, 200);
+    const offsets = ((await res.json()) as { results: { offset: number }[][] }).results.map(([r]) => r!.offset);
+    assert.ok(offsets.every((o, i) => i === 0 || o === offsets[i - 1]! + 1), `consecutive offsets, in order: ${offsets.join(",")}`);
+    assert.equal(await gateway.metric("jetgate_gateway_dispatch_batches_total"), 1);
+    assert.equal(await gateway.metric("jetgate_gateway_dispatch_batched_entries_total"), 19);
+    assert.equal(await gateway.metric("jetgate_gateway_dispatch_batch_fallbacks_total"), 0);
+    assert.equal(await gateway.metric("jetgate_gateway_dispatch_entries_total"), 22, "hs1, hs2 and the 20");
   } finally {
     d.close();
     await gateway.kill();
