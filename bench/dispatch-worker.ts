@@ -80,7 +80,9 @@ try {
   await initStack(infra.env);
   const nc = await connect({ servers: infra.nats.url });
   const registry = await RegistryClient.open(nc);
-  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], ackTimeoutMs: 5000 });
+  // BENCH_MAX_BATCH=1: without atomic batches (one entry per user in flight), to compare
+  const maxBatch = process.env.BENCH_MAX_BATCH !== undefined ? Number(process.env.BENCH_MAX_BATCH) : undefined;
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], ackTimeoutMs: 5000, ...(maxBatch !== undefined ? { maxBatch } : {}) });
   console.error(`machine: ${cpus().length} cores, ${cpus()[0]?.model}; node ${process.version}; entries ${entries}, users ${users.length}, recipients per call ${perCall}, shards ${values.shards}`);
 
   const natsPid = infra.nats.pid!;
@@ -91,6 +93,7 @@ try {
   const self = process.cpuUsage(self0);
   report("dispatch", {
     entries, seconds: secs.toFixed(2), entries_per_s: Math.round(entries / secs), retries: d.stats.retries,
+    batches: d.stats.batches, entries_per_batch: d.stats.batches > 0 ? Number((d.stats.batchedEntries / d.stats.batches).toFixed(1)) : 0, batch_fallbacks: d.stats.batchFallbacks,
     dispatcher_cpu_us_per_entry: us((self.user + self.system) / 1e6, entries), nats_cpu_us_per_entry: us(cpuSeconds(natsPid) - nats0, entries),
   });
 

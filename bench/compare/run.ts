@@ -316,6 +316,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
       entries_per_batch: per(d("processed"), d("batches")), entries_per_push_msg: per(d("pushed"), d("pushMessages")), entries_per_msgs_frame: per(d("entriesSent"), d("msgsFrames")),
       // pushes the gateways received per entry pushed: 1 when each gets only its own sessions' users' entries (--nodes N)
       gateway_received_per_pushed: per(d("gatewayPushes"), d("pushed")),
+      gateway_closes: d("closes"), slow_consumer_closes: d("slowConsumerCloses"), gap_fills: d("gapFills"),
     } : {}),
     sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received,
     duplicates: max.duplicates + half.duplicates, half_rate: Math.floor(rate / 2), ...(sys.natsMonitorPort !== undefined ? { shards } : {}),

@@ -148,6 +148,10 @@ async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
         msgsFrames: await sum(gateways, "jetgate_gateway_frames_out_total", { type: "MSGS" }),
         // every push a gateway got, for its users or not (stray: a route left behind)
         gatewayPushes: (await sum(gateways, "jetgate_gateway_pushes_received_total")) + (await sum(gateways, "jetgate_gateway_stray_pushes_total")),
+        // connections the gateways closed (any code: 4408 slow consumer, 4503 a read not answered, ...) and reads to fill gaps
+        closes: await sum(gateways, "jetgate_gateway_closes_total"),
+        slowConsumerCloses: await sum(gateways, "jetgate_gateway_closes_total", { code: "4408" }),
+        gapFills: await sum(gateways, "jetgate_gateway_gap_fills_total"),
       };
     },
     logs: () => procs.flatMap((p) => p.output.slice(-10)),

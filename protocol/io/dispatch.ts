@@ -7,7 +7,7 @@
  * Ordering guarantee: entries one Dispatcher sends to one user land in that user's mailbox in the
  * order `dispatch` was called, even when a publish times out and is retried. Each user has a chain:
  * one unit in flight at a time, the next only after it is acknowledged (or has failed for good). A
- * unit is one entry, or, when several wait behind one in flight, up to `maxBatch` of them as one
+ * unit is one entry, or, when at least `minBatch` wait behind one in flight, up to `maxBatch` of them as one
  * JetStream atomic batch (nats-server 2.12.1+): appended all or none, in order, at consecutive
  * offsets, each with its Nats-Msg-Id, so a hot user is not held to one entry per round trip. A
  * batch refused or unanswered is not sent again as a batch: its entries go one at a time, in order,
@@ -99,6 +99,12 @@ export interface DispatcherOptions {
    * user's entries go one per round trip.
    */
   maxBatch?: number;
+  /**
+   * Fewest entries worth an atomic batch (default 64): fewer go one at a time. nats-server spends
+   * about 1.4 ms of CPU on each atomic batch of an R1 file-storage stream (it stages the batch in a
+   * file store of its own), about what 90 single appends cost (bench/RESULTS.md).
+   */
+  minBatch?: number;
   /**
    * Atomic batches open at once per shard stream (default 16). nats-server holds at most 50 per
    * stream over all its clients (1000 per server); a batch it refuses goes one entry at a time.
@@ -279,6 +285,7 @@ export class Dispatcher {
   /** Shards whose stream refused atomic publish (made by an older jetgate before `registry init`): entries go one by one. */
   private readonly atomicOff = new Set<number>();
   private readonly maxBatch: number;
+  private readonly minBatch: number;
   private readonly maxBatchesPerShard: number;
   private readonly lanes: Set<string>;
   private readonly maxBody: number;
@@ -308,6 +315,7 @@ export class Dispatcher {
     this.maxInFlight = opts.maxInFlight ?? 10_000;
     this.maxInFlightBytes = opts.maxInFlightBytes ?? 8 * 1024 * 1024;
     this.maxBatch = Math.max(1, Math.min(opts.maxBatch ?? 500, 1000));
+    this.minBatch = Math.max(2, opts.minBatch ?? 64);
     this.maxBatchesPerShard = opts.maxBatchesPerShard ?? 16;
     this.sub = nc.subscribe(`${this.prefix}.*`, { callback: (err, msg) => (err ? undefined : this.onAck(msg)) });
     // One timer for every ack deadline instead of one per publish.
@@ -504,12 +512,12 @@ export class Dispatcher {
   }
 
   /**
-   * The next unit of a user's queue: its first job alone, or, when more of the same shard follow,
-   * as many of them as one batch takes (a job that was in a failed batch always goes alone).
+   * The next unit of a user's queue: its first job alone, or, when at least `minBatch` of the same
+   * shard wait, as many of them as one batch takes (a job that was in a failed batch always goes alone).
    */
   private takeUnit(queue: Job[]): Unit {
     const head = queue[0]!;
-    if (this.maxBatch === 1 || queue.length === 1 || head.solo || this.atomicOff.has(head.shard) || (this.openBatches.get(head.shard) ?? 0) >= this.maxBatchesPerShard) return queue.shift()!;
+    if (this.maxBatch === 1 || queue.length < this.minBatch || head.solo || this.atomicOff.has(head.shard) || (this.openBatches.get(head.shard) ?? 0) >= this.maxBatchesPerShard) return queue.shift()!;
     const limit = Math.min(this.maxBatch, this.maxInFlight);
     const maxBytes = Math.min(this.maxInFlightBytes, MAX_BATCH_BYTES);
     let n = 1;
@@ -519,7 +527,7 @@ export class Dispatcher {
       if (j.shard !== head.shard || j.solo || bytes + j.data.byteLength > maxBytes) break;
       bytes += j.data.byteLength;
     }
-    if (n === 1) return queue.shift()!;
+    if (n < this.minBatch) return queue.shift()!;
     this.openBatches.set(head.shard, (this.openBatches.get(head.shard) ?? 0) + 1);
     return { user: head.user, shard: head.shard, jobs: queue.splice(0, n), bytes, deadline: 0 };
   }

@@ -75,7 +75,7 @@ test("dispatch - one result per recipient; the same dispatch inside the window i
 });
 
 test("dispatch - each user's entries stay in dispatch order while publishes time out and are retried", async () => {
-  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], ackTimeoutMs: 150, attempts: 30 });
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], ackTimeoutMs: 150, attempts: 30, minBatch: 2 });
   const users = Array.from({ length: 20 }, (_, i) => `ord${i}`);
   const perUser = 40;
   const sent = new Map<string, string[]>(users.map((u) => [u, []]));
@@ -100,7 +100,8 @@ test("dispatch - each user's entries stay in dispatch order while publishes time
   await pauses;
   assert.equal(results.filter((r) => r.error !== undefined).length, 0, "every entry was appended");
   assert.ok(d.stats.retries > 0, `publishes were retried (${d.stats.retries})`);
-  assert.ok(d.stats.batches > 0, `queued entries went in batches (${d.stats.batches}; ${d.stats.batchFallbacks} fell back to one at a time)`);
+  // batches form behind the pauses' backlog; those caught by a pause fall back to one at a time
+  assert.ok(d.stats.batches + d.stats.batchFallbacks > 0, `queued entries went in batches (${d.stats.batches} committed, ${d.stats.batchFallbacks} fell back to one at a time)`);
   // Read both shard streams in order and compare each user's sequence with the dispatch order.
   const js = jetstream(nc);
   const seen = new Map<string, string[]>(users.map((u) => [u, []]));
@@ -172,20 +173,20 @@ test("dispatch - the result's seq is the mailbox_seq the entry is pushed with (a
     assert.equal(r3.seq, composeSeq(before + 1, r3.offset));
     assert.equal(r3.seq, await pushed("hs3"));
 
-    // a batch request of 20 dispatches to one user: the first goes alone, the 19 behind it as one atomic batch
-    const many = Array.from({ length: 20 }, (_, i) => ({ dispatch_id: `hm${i}`, message_id: `hm${i}`, lane: "default", recipients: [user], body: `hm${i}` }));
-    const res = await fetch(`http://127.0.0.1:${gateway.httpPort}/v1/dispatch`, {
+    // a batch request of 100 dispatches to one user: the first goes alone, the 99 behind it as one atomic batch
+    const many = Array.from({ length: 100 }, (_, i) => ({ dispatch_id: `hm${i}`, message_id: `hm${i}`, lane: "default", recipients: [user], body: `hm${i}` }));
+    const res = await fetch(`http://127.0.0.1:${gateway.httpPort}/v1/dispatch/batch`, {
       method: "POST",
       headers: { authorization: "Bearer svc-secret", "content-type": "application/json" },
       body: JSON.stringify({ dispatches: many }),
     });
-    assert.equal(res.status, 200);
-    const offsets = ((await res.json()) as { results: { offset: number }[][] }).results.map(([r]) => r!.offset);
+    assert.equal(res.status, 200, await res.clone().text());
+    const offsets = ((await res.json()) as { dispatches: { results: { offset: number }[] }[] }).dispatches.map((a) => a.results[0]!.offset);
     assert.ok(offsets.every((o, i) => i === 0 || o === offsets[i - 1]! + 1), `consecutive offsets, in order: ${offsets.join(",")}`);
     assert.equal(await gateway.metric("jetgate_gateway_dispatch_batches_total"), 1);
-    assert.equal(await gateway.metric("jetgate_gateway_dispatch_batched_entries_total"), 19);
+    assert.equal(await gateway.metric("jetgate_gateway_dispatch_batched_entries_total"), 99);
     assert.equal(await gateway.metric("jetgate_gateway_dispatch_batch_fallbacks_total"), 0);
-    assert.equal(await gateway.metric("jetgate_gateway_dispatch_entries_total"), 22, "hs1, hs2 and the 20");
+    assert.equal(await gateway.metric("jetgate_gateway_dispatch_entries_total"), 102, "hs1, hs2 and the 100");
   } finally {
     d.close();
     await gateway.kill();
@@ -284,8 +285,8 @@ async function storedAt(user: string, offsets: number[]): Promise<string[]> {
 
 const entry = (id: string, user: string) => ({ dispatch_id: id, message_id: id, lane: "default", recipients: [user], body: new Uint8Array([7]) });
 
-test("dispatch - a hot user's entries queued behind one in flight go out as atomic batches: in order, each result's offset holding that entry", async () => {
-  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], maxBatch: 50 });
+test("dispatch - a hot user's entries queued behind one in flight go out as atomic batches: in order, each result's offset holding that entry; fewer than minBatch go one at a time", async () => {
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], maxBatch: 50, minBatch: 2 });
   const user = "hot-batch";
   const ids = Array.from({ length: 300 }, (_, i) => `hb${i}`);
   const results = (await Promise.all(ids.map((id) => d.dispatch(entry(id, user))))).map((r) => r[0]!);
@@ -299,10 +300,16 @@ test("dispatch - a hot user's entries queued behind one in flight go out as atom
   assert.ok(d.stats.batchedEntries >= 250 && d.stats.batchedEntries <= 299, `entries in batches (${d.stats.batchedEntries}), the first went alone`);
   assert.equal(d.stats.batchFallbacks, 0);
   d.close();
+  // the default minBatch (64): 40 queued behind one go one at a time
+  const d2 = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
+  const few = (await Promise.all(Array.from({ length: 41 }, (_, i) => d2.dispatch(entry(`hf${i}`, user))))).map((r) => r[0]!);
+  assert.ok(few.every((r) => "offset" in r));
+  assert.equal(d2.stats.batches, 0, "no batch under minBatch");
+  d2.close();
 });
 
 test("dispatch - batches sent again after their entries landed (a retry after a lost answer) are refused whole; each entry then answers duplicate at its offset", async () => {
-  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], minBatch: 2 });
   const user = "hot-retry";
   const ids = Array.from({ length: 60 }, (_, i) => `hr${i}`);
   const first = (await Promise.all(ids.map((id) => d.dispatch(entry(id, user))))).map((r) => r[0]!);
@@ -321,7 +328,7 @@ test("dispatch - a stream that refuses atomic batches (made before they were all
   const stream = shardStream(registry.shards.shardOf(user)!);
   const jsm = await jetstreamManager(nc);
   await jsm.streams.update(stream, { ...(await jsm.streams.info(stream)).config, allow_atomic: false });
-  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"] });
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], minBatch: 2 });
   try {
     const ids = Array.from({ length: 40 }, (_, i) => `na${i}`);
     const results = (await Promise.all(ids.map((id) => d.dispatch(entry(id, user))))).map((r) => r[0]!);
