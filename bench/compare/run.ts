@@ -318,6 +318,8 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
       gateway_received_per_pushed: per(d("gatewayPushes"), d("pushed")),
       gateway_closes: d("closes"), slow_consumer_closes: d("slowConsumerCloses"), gap_fills: d("gapFills"),
     } : {}),
+    // BENCH_MAX_BATCH: jetgate's producers ran with that maxBatch (1: no atomic batches)
+    ...(sys.name === "jetgate" && process.env.BENCH_MAX_BATCH !== undefined ? { max_batch: Number(process.env.BENCH_MAX_BATCH) } : {}),
     sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received,
     duplicates: max.duplicates + half.duplicates, half_rate: Math.floor(rate / 2), ...(sys.natsMonitorPort !== undefined ? { shards } : {}),
   };
