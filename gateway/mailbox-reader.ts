@@ -427,7 +427,25 @@ export class MailboxReader implements MailboxSource {
    * Bounded like stream reads: a burst of first entries (every push whose predecessor the worker
    * cannot know is a gap) once sent 10,000 leader gets at once, and JetStream timed many out.
    */
-  async fill(shard: number, user: string, after: MailboxSeq, before: MailboxSeq, max = 32): Promise<Entry[] | "too_many"> {
+  fill(shard: number, user: string, after: MailboxSeq, before: MailboxSeq, max = 32): Promise<Entry[] | "too_many"> {
+    // The sessions of one user here fill the same gap at once when a push finds one (a user's
+    // first entry: every device of the user, 50 per user in the hot benchmark): one read for all.
+    // Entries are never changed after they are read, so the sessions share the answer.
+    const key = `${shard}/${user}/${after}/${before}/${max}`;
+    let p = this.fills.get(key);
+    if (p === undefined) {
+      p = this.fillOnce(shard, user, after, before, max);
+      this.fills.set(key, p);
+      const done = () => void this.fills.delete(key);
+      p.then(done, done);
+    }
+    return p;
+  }
+
+  /** Fills in flight, by their arguments. */
+  private readonly fills = new Map<string, Promise<Entry[] | "too_many">>();
+
+  private async fillOnce(shard: number, user: string, after: MailboxSeq, before: MailboxSeq, max: number): Promise<Entry[] | "too_many"> {
     await this.streamReads.acquire();
     try {
       return await this.fillNow(shard, user, after, before, max);

@@ -32,7 +32,7 @@ export function ensurePinnedNatsServer(log: (msg: string) => void = () => {}): s
   if (existsSync(bin)) return bin;
   const go = spawnSync("go", ["version"], { encoding: "utf8" });
   if (go.status !== 0) {
-    throw new Error(`nats-server ${NATS_SERVER_VERSION} is built with Go (go install ${NATS_MODULE}@${NATS_SERVER_VERSION}), and go is not on the PATH: install Go >= 1.24 (https://go.dev/dl/) or set NATS_SERVER_BIN to a nats-server >= 2.12.1`);
+    throw new Error(`nats-server ${NATS_SERVER_VERSION} is built with Go (go install ${NATS_MODULE}@${NATS_SERVER_VERSION}), and go is not on the PATH: install Go >= 1.26 (https://go.dev/dl/; nats-server 2.15 needs it) or set NATS_SERVER_BIN to a nats-server >= 2.12.1`);
   }
   const dir = join(cacheDir(), `nats-server-${NATS_SERVER_VERSION}`);
   mkdirSync(dir, { recursive: true });

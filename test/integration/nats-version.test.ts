@@ -4,7 +4,10 @@
  */
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { connectNats, loadConfig, natsVersionProblem, NatsServerTooOldError } from "../../protocol/index.js";
 import { NatsServer, OLD_NATS_BIN } from "../harness/servers.js";
 
@@ -38,4 +41,18 @@ test("nats version - a worker started against an old server exits 1 with one lin
   const code = await new Promise<number | null>((r) => p.on("exit", r));
   assert.equal(code, 1);
   assert.match(stderr, /^nats-server 2\.9\.\d+ is too old: jetgate needs 2\.12\.1 or later .*; connected to 127\.0\.0\.1:\d+\n$/);
+});
+
+test("nats version - the pinned server's build: a cached binary is used as it is; with no cache and no Go, a clear error names what to install", async () => {
+  const run = (env: Record<string, string>) =>
+    spawnSync(process.execPath, ["--import", "tsx", "scripts/pinned.ts", "install"], { env: { ...env, PATH: "/nonexistent" }, encoding: "utf8" });
+  const cached = run({ HOME: process.env.HOME ?? "/root", ...(process.env.JETGATE_CACHE_DIR ? { JETGATE_CACHE_DIR: process.env.JETGATE_CACHE_DIR } : {}) });
+  assert.equal(cached.status, 0, cached.stderr);
+  assert.match(cached.stdout, /nats-server-v2\.15\.2\/nats-server\n$/);
+  const empty = run({ JETGATE_CACHE_DIR: mkdtempSync(join(tmpdir(), "jetgate-cache-")) });
+  assert.equal(empty.status, 1);
+  assert.match(empty.stderr, /nats-server v2\.15\.2 is built with Go \(go install github\.com\/nats-io\/nats-server\/v2@v2\.15\.2\), and go is not on the PATH: install Go >= 1\.26/);
+  const usage = spawnSync(process.execPath, ["--import", "tsx", "scripts/pinned.ts"], { encoding: "utf8" });
+  assert.equal(usage.status, 2);
+  assert.match(usage.stderr, /usage: node --import tsx scripts\/pinned\.ts install/);
 });

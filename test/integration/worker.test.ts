@@ -6,6 +6,7 @@ import {
   RedisKeys, composeSeq, encodeStoredEntry, entrySubject, halfRange, loadConfig, newLogId, shardStream, shardStreamConfig, splitShard, userHash, decodeCacheRecord, seqKey, parseCacheRow, cacheStreamId, WATERMARK_ALL, seqOffset, type Push,
 } from "../../protocol/index.js";
 import { applyBatch } from "../../worker/mailbox-script.js";
+import { MailboxReader } from "../../gateway/mailbox-reader.js";
 import { startStack, PushCollector, redisClient, DispatchLoad } from "../harness/stack.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
@@ -126,6 +127,28 @@ test("worker - a batch script run again (its batch retried after another Redis n
     assert.deepEqual(later[0]!.routes, []);
   } finally {
     r.disconnect();
+  }
+});
+
+test("worker - a gap the sessions of one user fill at once is read once, and the answer shared", async () => {
+  const user = "gapshare";
+  for (const id of ["gs1", "gs2", "gs3"]) await one(user, id);
+  await waitFor("all three pushed", () => pushesOf(user).length === 3);
+  const last = pushesOf(user).at(-1)!.entry.seq;
+  const redis = await redisClient(infra.redis.url);
+  const reader = new MailboxReader(stack.nc, redis, new RedisKeys("jg"), registry, ["default", "chat"]);
+  try {
+    const shard = registry.shards.shardOf(user)!;
+    // fifty sessions of the user find the same gap below the third entry in the same turn
+    const answers = await Promise.all(Array.from({ length: 50 }, () => reader.fill(shard, user, 0n, last)));
+    assert.ok(Array.isArray(answers[0]));
+    assert.deepEqual((answers[0] as { id: string }[]).map((e) => e.id), ["gs1", "gs2"]);
+    assert.ok(answers.every((a) => a === answers[0]), "one read, its answer shared");
+    const later = await reader.fill(shard, user, 0n, last);
+    assert.notEqual(later, answers[0], "a fill after the first settled reads again");
+    assert.deepEqual(later, answers[0]);
+  } finally {
+    redis.disconnect();
   }
 });
 
