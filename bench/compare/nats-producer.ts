@@ -26,8 +26,10 @@ const answer = (o: object) => process.stdout.write(JSON.stringify(o) + "\n");
 let append: (users: string[]) => Promise<unknown>;
 if (mode === "dispatcher") {
   // BENCH_MAX_BATCH=1: the Dispatcher without atomic batches (one entry per user in flight), to compare
+  // BENCH_MIN_BATCH: the fewest queued entries that go as a batch (default 64)
   const maxBatch = process.env.BENCH_MAX_BATCH !== undefined ? Number(process.env.BENCH_MAX_BATCH) : undefined;
-  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], maxInFlight: 5000, ...(maxBatch !== undefined ? { maxBatch } : {}) });
+  const minBatch = process.env.BENCH_MIN_BATCH !== undefined ? Number(process.env.BENCH_MIN_BATCH) : undefined;
+  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], maxInFlight: 5000, ...(maxBatch !== undefined ? { maxBatch } : {}), ...(minBatch !== undefined ? { minBatch } : {}) });
   append = (users) => {
     const id = `p${index}x${nextId()}`;
     return d.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: users, body: stampedBody(nextId()) });

@@ -320,6 +320,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
     } : {}),
     // BENCH_MAX_BATCH: jetgate's producers ran with that maxBatch (1: no atomic batches)
     ...(sys.name === "jetgate" && process.env.BENCH_MAX_BATCH !== undefined ? { max_batch: Number(process.env.BENCH_MAX_BATCH) } : {}),
+    ...(sys.name === "jetgate" && process.env.BENCH_MIN_BATCH !== undefined ? { min_batch: Number(process.env.BENCH_MIN_BATCH) } : {}),
     sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received,
     duplicates: max.duplicates + half.duplicates, half_rate: Math.floor(rate / 2), ...(sys.natsMonitorPort !== undefined ? { shards } : {}),
   };
