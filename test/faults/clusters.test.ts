@@ -1,7 +1,7 @@
 /**
  * Clustered infrastructure under load: a 3-master Redis Cluster (ioredis Cluster mode) carrying the
  * whole path, one master SIGKILLed and restarted empty. The harness's 5 s tail check runs: with it
- * off, routing alone lost a device's later entries in 3 of 61 runs after the third race fix of
+ * off, routing alone lost a device's later entries in 3 of 68 runs after the third race fix of
  * issue 27 (docs/registry-and-worker.md, "Routing"), a race not found yet. (The 3-node NATS cluster is in nats-r3.test.ts.)
  */
 import { test } from "node:test";
