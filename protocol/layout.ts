@@ -236,8 +236,9 @@ for item in string.gmatch(ARGV[2], '[^;]+') do
   -- routes unknown (no field, or a gateway made it again after a loss: its '?' token): this entry
   -- goes to every gateway, those with the user's sessions register again, and the rest is known;
   -- the entry that found them unknown finds them so again when it is processed again
-  local unknown = (not routes) or string.find(',' .. routes .. ',', ',?,', 1, true) ~= nil or broadcastBy == token
-  if unknown and broadcastBy ~= token then
+  local again = broadcastBy == token
+  local unknown = again or (not routes) or string.find(',' .. routes .. ',', ',?,', 1, true) ~= nil
+  if unknown and not again then
     local known = {}
     for t in string.gmatch(routes or '', '[^,]+') do if t ~= '?' then known[#known + 1] = t end end
     set[#set + 1] = '${HASH_FIELDS.routes}'; set[#set + 1] = table.concat(known, ',')

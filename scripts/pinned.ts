@@ -31,8 +31,14 @@ export function ensurePinnedNatsServer(log: (msg: string) => void = () => {}): s
   const bin = pinnedNatsServerPath();
   if (existsSync(bin)) return bin;
   const go = spawnSync("go", ["version"], { encoding: "utf8" });
+  const install = `install Go >= 1.26 (https://go.dev/dl/; nats-server 2.15 needs it) or set NATS_SERVER_BIN to a nats-server >= 2.12.1`;
   if (go.status !== 0) {
-    throw new Error(`nats-server ${NATS_SERVER_VERSION} is built with Go (go install ${NATS_MODULE}@${NATS_SERVER_VERSION}), and go is not on the PATH: install Go >= 1.26 (https://go.dev/dl/; nats-server 2.15 needs it) or set NATS_SERVER_BIN to a nats-server >= 2.12.1`);
+    throw new Error(`nats-server ${NATS_SERVER_VERSION} is built with Go (go install ${NATS_MODULE}@${NATS_SERVER_VERSION}), and go is not on the PATH: ${install}`);
+  }
+  // Go 1.21+ fetches the 1.26 toolchain nats-server asks for; an older one (Debian bookworm's 1.19) cannot
+  const minor = /go1\.(\d+)/.exec(go.stdout)?.[1];
+  if (minor === undefined || Number(minor) < 21) {
+    throw new Error(`nats-server ${NATS_SERVER_VERSION} is built with Go, and ${go.stdout.trim() || "go"} is too old to build it: ${install}`);
   }
   const dir = join(cacheDir(), `nats-server-${NATS_SERVER_VERSION}`);
   mkdirSync(dir, { recursive: true });

@@ -218,6 +218,11 @@ function readAck(data: Uint8Array): { seq?: unknown; duplicate?: unknown; count?
   }
 }
 
+/** A JetStream error answer as one line. */
+function errorText(e: { code?: number; description?: string }): string {
+  return `${e.code ?? 0} ${e.description ?? ""}`.trim();
+}
+
 /** Runs a sliced step to its end in this turn. */
 function drain<T>(g: Generator<void, T>): T {
   for (;;) {
@@ -517,7 +522,7 @@ export class Dispatcher {
    */
   private takeUnit(queue: Job[]): Unit {
     const head = queue[0]!;
-    if (this.maxBatch === 1 || queue.length < this.minBatch || head.solo || this.atomicOff.has(head.shard) || (this.openBatches.get(head.shard) ?? 0) >= this.maxBatchesPerShard) return queue.shift()!;
+    if (queue.length < this.minBatch || head.solo || this.atomicOff.has(head.shard) || (this.openBatches.get(head.shard) ?? 0) >= this.maxBatchesPerShard) return queue.shift()!;
     const limit = Math.min(this.maxBatch, this.maxInFlight);
     const maxBytes = Math.min(this.maxInFlightBytes, MAX_BATCH_BYTES);
     let n = 1;
@@ -608,8 +613,8 @@ export class Dispatcher {
     }
   }
 
-  private failedUnit(unit: Unit, err: AckError, errCode?: number): void {
-    if (isBatch(unit)) this.failedBatch(unit, err, errCode);
+  private failedUnit(unit: Unit, err: AckError): void {
+    if (isBatch(unit)) this.failedBatch(unit, err.message);
     else this.failedAttempt(unit, err);
   }
 
@@ -620,7 +625,7 @@ export class Dispatcher {
    * their place before the user's later entries are kept. A stream without atomic publish gets no
    * more batches from this Dispatcher.
    */
-  private failedBatch(batch: Batch, err: AckError, errCode?: number): void {
+  private failedBatch(batch: Batch, why: string, errCode?: number): void {
     this.stats.batchFallbacks++;
     if (errCode === ATOMIC_DISABLED) this.atomicOff.add(batch.shard);
     this.closeBatch(batch);
@@ -628,7 +633,7 @@ export class Dispatcher {
     this.inFlightBytesNow -= batch.bytes;
     for (const job of batch.jobs) {
       job.solo = true;
-      job.lastError = `in an atomic batch: ${err.message}`;
+      job.lastError = `in an atomic batch: ${why}`;
     }
     const queue = this.users.get(batch.user);
     this.users.set(batch.user, queue ? [...batch.jobs, ...queue] : batch.jobs.slice());
@@ -706,7 +711,7 @@ export class Dispatcher {
     }
     if (body.error) {
       const code = body.error.code ?? 0;
-      this.failedAttempt(job, new AckError(`${code} ${body.error.description ?? ""}`.trim(), code === 503 || code >= 500));
+      this.failedAttempt(job, new AckError(errorText(body.error), code === 503 || code >= 500));
       return;
     }
     if (typeof body.seq !== "number") {
@@ -738,17 +743,21 @@ export class Dispatcher {
    */
   private onBatchAck(batch: Batch, msg: Msg): void {
     if (msg.headers?.hasError) {
-      this.failedBatch(batch, new AckError(`${msg.headers.code} ${msg.headers.description}`, true));
+      this.failedBatch(batch, `${msg.headers.code} ${msg.headers.description}`);
       return;
     }
     const body = readAck(msg.data);
-    if (body === undefined || body.error !== undefined) {
-      this.failedBatch(batch, new AckError(body?.error ? `${body.error.code ?? 0} ${body.error.description ?? ""}`.trim() : "unreadable ack", true), body?.error?.err_code);
+    if (body === undefined) {
+      this.failedBatch(batch, "unreadable ack");
+      return;
+    }
+    if (body.error) {
+      this.failedBatch(batch, errorText(body.error), body.error.err_code);
       return;
     }
     const n = batch.jobs.length;
     if (typeof body.seq !== "number" || body.count !== n) {
-      this.failedBatch(batch, new AckError(`batch ack without seq or with count ${String(body.count)} for ${n} entries`, true));
+      this.failedBatch(batch, `batch ack without seq or with count ${String(body.count)} for ${n} entries`);
       return;
     }
     this.closeBatch(batch);

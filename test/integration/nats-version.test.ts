@@ -5,7 +5,7 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, spawnSync } from "node:child_process";
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { connectNats, loadConfig, natsVersionProblem, NatsServerTooOldError } from "../../protocol/index.js";
@@ -52,6 +52,12 @@ test("nats version - the pinned server's build: a cached binary is used as it is
   const empty = run({ JETGATE_CACHE_DIR: mkdtempSync(join(tmpdir(), "jetgate-cache-")) });
   assert.equal(empty.status, 1);
   assert.match(empty.stderr, /nats-server v2\.15\.2 is built with Go \(go install github\.com\/nats-io\/nats-server\/v2@v2\.15\.2\), and go is not on the PATH: install Go >= 1\.26/);
+  // Debian bookworm's Go first on the PATH: named, not a build that fails halfway
+  const bin = mkdtempSync(join(tmpdir(), "jetgate-oldgo-"));
+  writeFileSync(join(bin, "go"), "#!/bin/sh\necho 'go version go1.19.8 linux/amd64'\n", { mode: 0o755 });
+  const oldGo = spawnSync(process.execPath, ["--import", "tsx", "scripts/pinned.ts", "install"], { env: { JETGATE_CACHE_DIR: mkdtempSync(join(tmpdir(), "jetgate-cache-")), PATH: `${bin}:/usr/bin:/bin` }, encoding: "utf8" });
+  assert.equal(oldGo.status, 1);
+  assert.match(oldGo.stderr, /go version go1\.19\.8 linux\/amd64 is too old to build it: install Go >= 1\.26/);
   const usage = spawnSync(process.execPath, ["--import", "tsx", "scripts/pinned.ts"], { encoding: "utf8" });
   assert.equal(usage.status, 2);
   assert.match(usage.stderr, /usage: node --import tsx scripts\/pinned\.ts install/);
