@@ -114,6 +114,8 @@ async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
     JETGATE_SHARDS: String(shards), JETGATE_LOG_LEVEL: "error", JETGATE_RATE_USER_FRAMES_PER_S: "100000",
     // the hot scenario's 50 devices a user are over the default per-user connection limit
     JETGATE_MAX_CONNS_PER_IP: "0", JETGATE_MAX_CONNS_PER_USER: "1000", JETGATE_AUTH_TIMEOUT_MS: "60000",
+    // settings to compare (JETGATE_HOT_CACHE_MAXLEN=0 ...) pass through from the bench's environment
+    ...Object.fromEntries(Object.entries(process.env).filter((e): e is [string, string] => e[0].startsWith("JETGATE_") && !e[0].startsWith("JETGATE_HARNESS") && e[1] !== undefined)),
   });
   await initStack(infra.env);
   // BENCH_PROFILE=gateway|worker: those processes run under --cpu-prof (profiles written on stop)
