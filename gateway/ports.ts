@@ -92,6 +92,8 @@ export interface HubMember {
   fillTail(head: MailboxSeq | undefined): void;
   /** The user's route was registered again with this head: read and send what the session lacks below it, whatever it is doing. */
   catchUpTo(head: MailboxSeq | undefined): void;
+  /** Close now if the session's token has expired by `now` (the hub asks every session each second). */
+  expireIfDue(now: number): void;
 }
 
 /** Live pushes for this gateway, a batch at a time (NATS: gateway/push-source.ts). */

@@ -73,8 +73,6 @@ const FRAME_BYTES = 64 * 1024;
 const PACE_BYTES = 256 * 1024;
 /** Live pushes kept while syncing; beyond it the session re-reads the mailbox instead. */
 const MAX_HELD_PUSHES = 10_000;
-/** The longest delay setTimeout honours. */
-const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /** Whether the registry has seen the cursor's shard, its (epoch, log) and the epoch of its seq. */
 function registryKnows(state: RegistryState, c: CursorIn): boolean {
@@ -97,7 +95,8 @@ export class Session implements HubMember {
   private pendingSteps = 0;
   private drainWaiter: (() => void) | undefined;
   private authTimer: NodeJS.Timeout | undefined;
-  private expiryTimer: NodeJS.Timeout | undefined;
+  /** When the token expires (ms); the hub's sweep closes the session then (expireIfDue). */
+  private expiresAt = Infinity;
   private ackTimer: NodeJS.Timeout | undefined;
   /** Where the session stood when a tail check last asked the stream for a head Redis lacked. */
   private tailAskedAt: MailboxSeq | undefined;
@@ -198,7 +197,6 @@ export class Session implements HubMember {
 
   private cleanup(): void {
     clearTimeout(this.authTimer);
-    clearTimeout(this.expiryTimer);
     this.onDrain();
     this.delivery.clearHeld();
     // every connection, authenticated or not (one that never sent AUTH used to stay in the set)
@@ -650,18 +648,18 @@ export class Session implements HubMember {
     this.send({ t: "REFRESH_OK", ...(frame.id !== undefined ? { id: frame.id } : {}), exp: claims.expiresAt });
   }
 
-  /**
-   * Closes the session (4401) when its token expires, unless a REFRESH moves the expiry. Node
-   * fires a timer longer than 2^31-1 ms at once, so a far expiry is reached in steps.
-   */
+  /** The session closes (4401) when its token expires, unless a REFRESH moves the expiry. */
   private armExpiry(expiresAt: number): void {
-    clearTimeout(this.expiryTimer);
-    const delay = Math.max(0, expiresAt - Date.now());
-    this.expiryTimer = delay > MAX_TIMER_MS
-      ? setTimeout(() => this.armExpiry(expiresAt), MAX_TIMER_MS)
-      : setTimeout(() => this.close(CloseCode.UNAUTHENTICATED, "token expired"), delay);
-    // a session's timers never keep a process alive on their own (the server's socket does)
-    this.expiryTimer.unref();
+    this.expiresAt = expiresAt;
+  }
+
+  /**
+   * Closes the session if its token has expired by `now`. The hub calls it for every session once
+   * a second: one timer per gateway instead of one per session (a Timeout, its closure and context
+   * were a tenth of an idle connection's memory); a session outlives its token by under a second.
+   */
+  expireIfDue(now: number): void {
+    if (now >= this.expiresAt && !this.closed) this.close(CloseCode.UNAUTHENTICATED, "token expired");
   }
 
   /**

@@ -19,9 +19,15 @@ export interface UserHead {
   routes: readonly string[];
 }
 
+/**
+ * A user's sessions here: an array replaced, never changed in place, so a fan-out that closes a
+ * session while it runs still reaches every other one; and the user's token bucket, made at the
+ * user's first frame (it starts full either way). Most users have one session: an array and no
+ * bucket cost a fraction of a Set and a bucket, per idle connection.
+ */
 interface UserEntry {
-  sessions: Set<HubMember>;
-  bucket: TokenBucket;
+  sessions: readonly HubMember[];
+  bucket: TokenBucket | undefined;
 }
 
 export class SessionRegistry<S extends HubMember = HubMember> implements SessionHub {
@@ -41,6 +47,12 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     private readonly log: { warn(o: object, msg: string): void },
   ) {
     registry.onChange((s) => this.onRegistry(s));
+    // token expiry: one timer for every session here, not one each
+    this.expiryTimer = setInterval(() => {
+      const now = Date.now();
+      for (const s of this.all) s.expireIfDue(now);
+    }, 1000);
+    this.expiryTimer.unref();
     for (const [id, s] of registry.state.shards) this.shardEpochs.set(id, `${s.epoch}/${s.log}/${s.range.lo}-${s.range.hi}`);
     pushes.start((batch, broadcast) => this.onPushes(batch, broadcast));
   }
@@ -52,7 +64,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
   }
 
   countForUser(user: string): number {
-    return this.users.get(user)?.sessions.size ?? 0;
+    return this.users.get(user)?.sessions.length ?? 0;
   }
 
   /** An authenticated session: replaces an older one of the same device here, joins the fan-out. */
@@ -69,10 +81,10 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     this.byDevice.set(key, s);
     let u = this.users.get(s.user);
     if (u === undefined) {
-      u = { sessions: new Set(), bucket: new TokenBucket(this.userRate, this.userRate, Date.now()) };
+      u = { sessions: [], bucket: undefined };
       this.users.set(s.user, u);
     }
-    u.sessions.add(s);
+    if (!u.sessions.includes(s)) u.sessions = [...u.sessions, s];
   }
 
   /** Tracks the session under its (possibly new) shard for registry changes. */
@@ -91,8 +103,8 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     this.byShard.get(s.shard)?.delete(s);
     const u = this.users.get(s.user);
     if (u === undefined) return;
-    u.sessions.delete(s);
-    if (u.sessions.size === 0) this.users.delete(s.user);
+    u.sessions = u.sessions.filter((x) => x !== s);
+    if (u.sessions.length === 0) this.users.delete(s.user);
   }
 
   /** A kick from another gateway (or this one): close that exact session with 4409. */
@@ -103,7 +115,10 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
 
   /** Per-user token bucket over all of the user's sessions here. */
   takeUserToken(user: string, now: number): boolean {
-    return this.users.get(user)?.bucket.take(now) ?? true;
+    const u = this.users.get(user);
+    if (u === undefined) return true;
+    u.bucket ??= new TokenBucket(this.userRate, this.userRate, now);
+    return u.bucket.take(now);
   }
 
   /** The user's route was registered again with `head` then: its sessions read whatever they miss below it. */
@@ -211,9 +226,11 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
   }
 
   private tailTimer: NodeJS.Timeout | undefined;
+  private readonly expiryTimer: NodeJS.Timeout;
 
   close(): void {
     clearInterval(this.tailTimer);
+    clearInterval(this.expiryTimer);
     this.pushes.stop();
     this.users.clear();
   }

@@ -461,3 +461,20 @@ test("session - a route registered again (Redis had lost it): what the session m
   await new Promise((res) => setTimeout(res, 20));
   assert.equal(t.liveSeqs().length, before);
 });
+
+test("session - token expiry: open until its token's time, then closed 4401 by the hub's sweep; a REFRESH moves it", async () => {
+  const r = rig();
+  const { s, t } = await auth(r);
+  // the fake verifier's tokens expire an hour from AUTH
+  const expiry = Date.now() + 3_600_000;
+  s.expireIfDue(Date.now());
+  assert.equal(t.closed, undefined);
+  frame(s, { t: "REFRESH", id: 1, token: U });
+  await t.until((f) => f.some((x) => x.t === "REFRESH_OK"), "REFRESH_OK");
+  const moved = t.of("REFRESH_OK")[0]!.exp;
+  assert.ok(moved >= expiry);
+  s.expireIfDue(moved - 1);
+  assert.equal(t.closed, undefined, "not before the refreshed expiry");
+  s.expireIfDue(moved);
+  assert.deepEqual(t.closed, { code: 4401, reason: "token expired" });
+});
