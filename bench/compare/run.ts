@@ -265,17 +265,25 @@ async function natsMessages(sys: System): Promise<number | undefined> {
   return v.in_msgs + v.out_msgs;
 }
 
-/** Commands Redis has run so far (INFO commandstats, every command's calls), when the system has a Redis. */
-async function redisCommands(sys: System): Promise<number | undefined> {
+/** Calls of each command Redis has run so far (INFO commandstats; a script's commands count too), when the system has a Redis. */
+async function redisCommands(sys: System): Promise<Map<string, number> | undefined> {
   if (sys.redisUrl === undefined) return undefined;
   const r = new Redis(sys.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 1 });
   try {
     await r.connect();
     const text = await r.info("commandstats");
-    return [...text.matchAll(/^cmdstat_[^:]+:calls=(\d+)/gm)].reduce((n, m) => n + Number(m[1]), 0);
+    return new Map([...text.matchAll(/^cmdstat_([^:]+):calls=(\d+)/gm)].map((m) => [m[1]!, Number(m[2])]));
   } finally {
     r.disconnect();
   }
+}
+
+/** Commands per entry between two readings: in all, and the commands above 0.005 per entry by name. */
+function redisPerEntry(before: Map<string, number> | undefined, after: Map<string, number> | undefined, entries: number) {
+  if (before === undefined || after === undefined || entries === 0) return {};
+  const byName = [...after].map(([k, v]) => [k, (v - (before.get(k) ?? 0)) / entries] as const).filter(([, v]) => v >= 0.005).sort((a, b) => b[1] - a[1]);
+  const total = [...after].reduce((n, [k, v]) => n + v - (before.get(k) ?? 0), 0) / entries;
+  return { redis_cmds_per_entry: Number(total.toFixed(2)), redis_cmds_by_name: Object.fromEntries(byName.map(([k, v]) => [k, Number(v.toFixed(3))])) };
 }
 
 /** a / b to two decimals; undefined when either is unknown or b is 0. */
@@ -297,8 +305,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
   // every message in and out (publishes, acks, deliveries, pull requests, consumer acks)
   const natsPerEntry = natsBefore !== undefined && natsAfter !== undefined ? Number(((natsAfter - natsBefore) / max.received).toFixed(2)) : undefined;
   // the measuring itself adds a few commands (INFO, the client's own): noise at thousands of entries
-  const redisAfter = await redisCommands(sys);
-  const redisPerEntry = redisBefore !== undefined && redisAfter !== undefined ? per(redisAfter - redisBefore, max.received) : undefined;
+  const redis = redisPerEntry(redisBefore, await redisCommands(sys), max.received);
   const countersAfter = await sys.counters?.();
   const d = (k: string) => (countersBefore === undefined || countersAfter === undefined ? undefined : countersAfter[k]! - countersBefore[k]!);
   const rate = Math.round((max.received / (max.last - max.first)) * 1000);
@@ -311,7 +318,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
     scenario, system: sys.name, nodes, devices, ...(users < devices ? { users, dispatched_per_s: Math.round(rate / (devices / users)) } : {}),
     entries_per_s: rate, p50_ms: quantile(half.hist, 0.5), p99_ms: quantile(half.hist, 0.99),
     server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu_max: cpuMax.shares, cpu_procs: cpuMax.procs, us_per_entry: cpuMax.usPerEntry, us_per_process: cpuMax.usPerProcess,
-    nats_msgs_per_entry: natsPerEntry, redis_cmds_per_entry: redisPerEntry,
+    nats_msgs_per_entry: natsPerEntry, ...redis,
     ...(countersAfter !== undefined ? {
       entries_per_batch: per(d("processed"), d("batches")), entries_per_push_msg: per(d("pushed"), d("pushMessages")), entries_per_msgs_frame: per(d("entriesSent"), d("msgsFrames")),
       // pushes the gateways received per entry pushed: 1 when each gets only its own sessions' users' entries (--nodes N)

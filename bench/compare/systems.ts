@@ -62,11 +62,16 @@ export class LineProcess {
     });
   }
 
-  static node(script: string, args: string[], env: Record<string, string> = {}): LineProcess {
+  static node(script: string, args: string[], env: Record<string, string> = {}, nodeArgs: string[] = []): LineProcess {
     // every process raises its own open-file limit to the hard limit first
-    const cmd = `ulimit -n "$(ulimit -Hn)"; exec "${process.execPath}" --import tsx ${script} ${args.map((a) => `'${a}'`).join(" ")}`;
-    return new LineProcess(spawn("sh", ["-c", cmd], { stdio: ["pipe", "pipe", "inherit"], env: { ...process.env, ...env } }));
+    const cmd = `ulimit -n "$(ulimit -Hn)"; exec "${process.execPath}" ${nodeArgs.join(" ")} --import tsx ${script} ${args.map((a) => `'${a}'`).join(" ")}`;
+    const p = new LineProcess(spawn("sh", ["-c", cmd], { stdio: ["pipe", "pipe", "inherit"], env: { ...process.env, ...env } }));
+    p.profiled = nodeArgs.includes("--cpu-prof");
+    return p;
   }
+
+  /** Runs under --cpu-prof: stop() asks it to exit instead of killing it. */
+  private profiled = false;
 
   next(): Promise<Record<string, number>> {
     return new Promise((resolve) => this.waiting.push(resolve));
@@ -80,8 +85,14 @@ export class LineProcess {
 
   async stop(): Promise<void> {
     if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
+    const exited = new Promise((r) => this.proc.once("exit", r));
+    // a profiled process is asked to exit, so that node writes its profile
+    if (this.profiled) {
+      this.proc.stdin!.write(JSON.stringify({ cmd: "exit" }) + "\n");
+      if (await Promise.race([exited.then(() => true), new Promise((r) => setTimeout(() => r(false), 10_000))])) return;
+    }
     this.proc.kill("SIGKILL");
-    await new Promise((r) => this.proc.once("exit", r));
+    await exited;
   }
 }
 
@@ -106,7 +117,9 @@ const slices = (users: number, n: number) => times(n, (k) => ({ from: Math.floor
 
 /** The producer processes of the systems that append to JetStream (bench/compare/nats-producer.ts). */
 async function natsProducers(mode: "dispatcher" | "bare", natsUrl: string, n: number): Promise<LineProcess[]> {
-  return times(n, (k) => LineProcess.node("bench/compare/nats-producer.ts", [mode, natsUrl, String(k)]));
+  // BENCH_PROFILE=producer: jetgate's producers (the Dispatcher) run under --cpu-prof
+  const prof = mode === "dispatcher" && process.env.BENCH_PROFILE === "producer" ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR ?? "bench/profiles"}`] : [];
+  return times(n, (k) => LineProcess.node("bench/compare/nats-producer.ts", [mode, natsUrl, String(k)], {}, prof));
 }
 
 async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
@@ -118,7 +131,7 @@ async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
     ...Object.fromEntries(Object.entries(process.env).filter((e): e is [string, string] => e[0].startsWith("JETGATE_") && !e[0].startsWith("JETGATE_HARNESS") && e[1] !== undefined)),
   });
   await initStack(infra.env);
-  // BENCH_PROFILE=gateway|worker: those processes run under --cpu-prof (profiles written on stop)
+  // BENCH_PROFILE=gateway|worker (|producer, above): those processes run under --cpu-prof (profiles written on stop)
   const prof = (who: string) => (process.env.BENCH_PROFILE === who ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR ?? "bench/profiles"}`] : []);
   const workers = await Promise.all(times(nodes, () => spawnWorker(infra.env, {}, prof("worker"))));
   const gateways = await Promise.all(times(nodes, () => spawnGateway(infra.env, { JETGATE_DRAIN_MS: "1000" }, prof("gateway"))));
