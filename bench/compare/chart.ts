@@ -3,10 +3,12 @@
  * bench/results/*.jsonl: throughput per system in each scenario, and fanout p99 latency at half
  * load, idle RSS per connection, and each process's CPU microseconds per delivered entry in fanout
  * (stacked, the devices left out); from bench/results/scaling.jsonl (`--nodes N` runs), fanout
- * entries/s against N per system. Vega-Lite compiles the spec, Vega renders the SVG headless (no canvas, no browser). Prints
- * the same rows as a Markdown table for RESULTS.md.
+ * entries/s against N per system. Each bar is the median of the latest round's runs (those within
+ * an hour of the newest, or since `--since <ISO date>`); each --nodes point the newest run. Vega-Lite
+ * compiles the spec, Vega renders the SVG headless (no canvas, no browser). Prints the same rows as a
+ * Markdown table for RESULTS.md.
  *
- *   npm run bench:chart
+ *   npm run bench:chart [-- --since 2026-12-01T22:00:00Z]
  */
 import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
@@ -29,16 +31,49 @@ interface Row {
   summary?: boolean;
 }
 
-const read = (f: string): Row[] =>
-  readFileSync(`${DIR}results/${f}`, "utf8").split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l) as Row).filter((r) => r.summary !== true);
+/**
+ * A file's rows with the date of the run they belong to: each `npm run bench` prints its rows, then
+ * one summary row with the date.
+ */
+function read(f: string): (Row & { date: string })[] {
+  const out: (Row & { date: string })[] = [];
+  let run: Row[] = [];
+  for (const l of readFileSync(`${DIR}results/${f}`, "utf8").split("\n")) {
+    if (!l.startsWith("{")) continue;
+    const r = JSON.parse(l) as Row & { date?: string };
+    if (r.summary !== true) run.push(r);
+    else {
+      out.push(...run.map((x) => ({ ...x, date: r.date ?? "" })));
+      run = [];
+    }
+  }
+  return out;
+}
 const SCALING = "scaling.jsonl";
 // the side-by-side scenarios only (other benchmarks keep their own .jsonl files there)
-const COMPARED = ["fanout.jsonl", "idle.jsonl", "storm.jsonl", "catchup.jsonl"];
-const rows: Row[] = readdirSync(`${DIR}results`)
-  .filter((f) => COMPARED.includes(f))
-  .flatMap(read)
-  .map((r) => ({ ...r, case: `${r.scenario} (${r.devices.toLocaleString("en-US")})` }));
-const scaling = readdirSync(`${DIR}results`).includes(SCALING) ? read(SCALING).filter((r) => r.scenario === "fanout") : [];
+const COMPARED = ["fanout.jsonl", "hot.jsonl", "idle.jsonl", "storm.jsonl", "catchup.jsonl"];
+const all = readdirSync(`${DIR}results`).filter((f) => COMPARED.includes(f)).flatMap(read);
+// the latest round: runs within an hour of the newest (--since moves the start)
+const sinceArg = process.argv.indexOf("--since");
+const newest = all.reduce((m, r) => (r.date > m ? r.date : m), "");
+const since = sinceArg > 0 ? process.argv[sinceArg + 1]! : new Date(Date.parse(newest) - 3600_000).toISOString();
+/** Of each scenario and system's runs since then, the median one (by entries/s, or by RSS per connection for idle). */
+function medians(rs: (Row & { date: string })[]): Row[] {
+  const groups = new Map<string, (Row & { date: string })[]>();
+  for (const r of rs.filter((x) => x.date >= since && (x.nodes ?? 1) === 1)) {
+    const k = `${r.scenario}/${r.system}/${r.devices}`;
+    groups.set(k, [...(groups.get(k) ?? []), r]);
+  }
+  return [...groups.values()].map((g) => {
+    const key = (r: Row) => r.entries_per_s ?? r.rss_per_conn_kib ?? 0;
+    return [...g].sort((a, b) => key(a) - key(b))[Math.floor((g.length - 1) / 2)]!;
+  });
+}
+const rows: Row[] = medians(all).map((r) => ({ ...r, case: `${r.scenario} (${r.devices.toLocaleString("en-US")})` }));
+// --nodes N: the newest run of each system and N
+const scaling = readdirSync(`${DIR}results`).includes(SCALING)
+  ? [...new Map(read(SCALING).filter((r) => r.scenario === "fanout").map((r) => [`${r.system}/${r.nodes}`, r])).values()]
+  : [];
 
 const color = { field: "system", type: "nominal", scale: { domain: ["jetgate", "uws-limit", "jetstream-limit", "socketio"], range: ["#1f77b4", "#7f7f7f", "#2ca02c", "#ff7f0e"] } } as const;
 const bars = (title: string, data: object[], field: string, axis: string, scenarioAxis = true): object => ({
@@ -51,6 +86,8 @@ const bars = (title: string, data: object[], field: string, axis: string, scenar
     y: { field, type: "quantitative", title: axis },
     color,
   },
+  // hot counts deliveries (tens of times fanout's entries): each scenario its own scale
+  ...(scenarioAxis ? { resolve: { scale: { y: "independent" } } } : {}),
   width: 110,
   height: 220,
 });
@@ -130,4 +167,4 @@ if (scaling.length > 0) {
     console.log(`| ${sys} | ${ns.map((n) => cell(scaling.find((r) => r.system === sys && r.nodes === n)?.entries_per_s)).join(" | ")} |`);
   }
 }
-console.log(`wrote bench/RESULTS.svg from ${rows.length + scaling.length} results`);
+console.log(`wrote bench/RESULTS.svg from ${rows.length + scaling.length} results (medians of the runs since ${since})`);

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# A round of the side-by-side benchmarks: each scenario ROUNDS times (default 3), alternated, rows
+# appended to bench/results/<scenario>.jsonl, then the chart redrawn from the round's medians.
+# About 9 minutes a round on 2 cores. `npm run bench:round`; ROUNDS=1 for a quick look.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${ROUNDS:-3}
+log=${BENCH_ROUND_LOG:-bench/round.log}
+run() {
+  local scenario=$1; shift
+  echo "$(date -u +%FT%TZ) $scenario $*" | tee -a "$log"
+  npm run -s bench -- "$scenario" "$@" --json | tee -a "bench/results/$scenario.jsonl" >> "$log"
+}
+for _ in $(seq "$rounds"); do
+  run fanout --systems jetgate,jetstream-limit,socketio
+  run hot --systems jetgate,socketio
+  run storm --systems jetgate,uws-limit
+  run catchup --systems jetgate,jetstream-limit,uws-limit,socketio
+  run idle --systems jetgate
+done
+run idle --systems uws-limit,jetstream-limit
+npm run -s bench:chart
