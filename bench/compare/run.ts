@@ -25,7 +25,7 @@ import { parseFlags, usageError } from "../../protocol/index.js";
 import { cpus } from "node:os";
 import { readFileSync } from "node:fs";
 import { execFileSync } from "node:child_process";
-import { LineProcess, SYSTEMS, startSystem, type System, type SystemName } from "./systems.js";
+import { LineProcess, PUSH_LATENCY_BOUNDS, SYSTEMS, startSystem, type System, type SystemName } from "./systems.js";
 import { merge, quantile, type Histogram } from "./entries.js";
 import { NATS_BIN } from "../../test/harness/servers.js";
 import { Redis } from "ioredis";
@@ -314,6 +314,15 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
   // the rate is deliveries; the senders' rate is entries (each goes to devices / users devices)
   const sentHalf = await sys.sendFor(seconds, users, Math.max(1, Math.floor(rate / 2 / (devices / users))));
   const half = await settled(gens);
+  const countersHalf = await sys.counters?.();
+  // dispatch -> gateway (the gateways' push latency histogram, its bucket bounds) at half load: the part of a delivery's latency before the gateway
+  const pushQuantile = (q: number) => {
+    if (countersAfter === undefined || countersHalf === undefined) return undefined;
+    const inBucket = (le: string) => countersHalf[`push_le_${le}`]! - countersAfter[`push_le_${le}`]!;
+    const total = inBucket("+Inf");
+    const le = PUSH_LATENCY_BOUNDS.find((b) => total > 0 && inBucket(b) >= q * total);
+    return le === undefined ? undefined : le === "+Inf" ? "> 10000" : `<= ${Number(le) * 1000}`;
+  };
   return {
     scenario, system: sys.name, nodes, devices, ...(users < devices ? { users, dispatched_per_s: Math.round(rate / (devices / users)) } : {}),
     entries_per_s: rate, p50_ms: quantile(half.hist, 0.5), p99_ms: quantile(half.hist, 0.99),
@@ -324,6 +333,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
       // pushes the gateways received per entry pushed: 1 when each gets only its own sessions' users' entries (--nodes N)
       gateway_received_per_pushed: per(d("gatewayPushes"), d("pushed")),
       gateway_closes: d("closes"), slow_consumer_closes: d("slowConsumerCloses"), gap_fills: d("gapFills"),
+      push_p50_ms: pushQuantile(0.5), push_p99_ms: pushQuantile(0.99),
     } : {}),
     // BENCH_MAX_BATCH: jetgate's producers ran with that maxBatch (1: no atomic batches)
     ...(sys.name === "jetgate" && process.env.BENCH_MAX_BATCH !== undefined ? { max_batch: Number(process.env.BENCH_MAX_BATCH) } : {}),

@@ -104,6 +104,8 @@ export async function startSystem(name: SystemName, opts: SystemOptions): Promis
 }
 
 const times = <T>(n: number, f: (k: number) => T): T[] => Array.from({ length: n }, (_, k) => f(k));
+/** The gateway's push latency histogram's bounds (gateway/metrics.ts), as its `le` labels print them. */
+export const PUSH_LATENCY_BOUNDS = ["0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "+Inf"];
 const sum = (xs: Record<string, number>[], key: string) => xs.reduce((n, x) => n + (x[key] ?? 0), 0);
 
 /** `rate` in all, split evenly over `procs`: each sends its share (all as fast as they go without one). */
@@ -167,6 +169,8 @@ async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
         closes: await sum(gateways, "jetgate_gateway_closes_total"),
         slowConsumerCloses: await sum(gateways, "jetgate_gateway_closes_total", { code: "4408" }),
         gapFills: await sum(gateways, "jetgate_gateway_gap_fills_total"),
+        // entries' pushes received by the gateways up to each bound (s) after their dispatch: where a delivery's latency goes
+        ...Object.fromEntries(await Promise.all(PUSH_LATENCY_BOUNDS.map(async (le) => [`push_le_${le}`, await sum(gateways, "jetgate_gateway_push_latency_seconds_bucket", { le })] as const))),
       };
     },
     logs: () => procs.flatMap((p) => p.output.slice(-10)),
