@@ -17,6 +17,7 @@ import {
   JetgateError,
   RegistryClient,
   bumpEpoch,
+  isClaimed,
   REGISTRY_STREAM,
   REGISTRY_SUBJECT,
   ensureStream,
@@ -120,19 +121,32 @@ async function copied(jsm: JetStreamManager, name: string, want: number): Promis
 
 /**
  * E1 by hand: bumps the shard's epoch from its consumers' ack floor. The owning worker is fenced
- * (it stops at its next batch) and a worker takes the shard over by claiming this epoch.
+ * (it stops at its next batch) and a worker takes the shard over by claiming this epoch. An epoch
+ * no worker has claimed (one a takeover, split, rebuild or `registry init` wrote) has nobody to
+ * fence: the command says so and spends nothing (each epoch is 1 of 65,536, and ADR-0004 reviews a
+ * shard at 1,000).
  */
 export async function takeoverShard(ctx: OpsContext, shard: number): Promise<void> {
   await withRegistry(ctx, async (registry, jsm) => {
     const before = activeShard(registry, shard);
     const floor = await workerAckFloor(jsm, shardStream(shard));
+    let unclaimed: number | undefined;
     const written = await registry.update((state) => {
       const s = state.shards.get(shard)!;
+      // decided on the state the write is based on: a worker claiming meanwhile makes this run again
+      if (!isClaimed(s)) {
+        unclaimed = s.epoch;
+        return null;
+      }
       const current = s.boundaries[s.boundaries.length - 1]!;
       const start = Math.max(processingStart(s, floor), current.start_offset);
       return { v: 1, op: "takeover", at: Date.now(), by: ctx.by, shards: [bumpEpoch(s, { cause: "takeover", start_offset: start, owner: null })] };
     });
-    const after = written!.state.shards.get(shard)!;
+    if (written === null) {
+      ctx.out(`shard ${shard}: epoch ${unclaimed} is not claimed by any worker yet, so there is nothing to fence; no epoch spent (the next worker to take the shard claims epoch ${unclaimed})`);
+      return;
+    }
+    const after = written.state.shards.get(shard)!;
     const b = after.boundaries[after.boundaries.length - 1]!;
     ctx.out(`shard ${shard}: epoch ${before.epoch} -> ${after.epoch} (takeover from offset ${b.start_offset}); its worker is fenced and the next worker to take the shard claims this epoch`);
   });

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
-  REGISTRY_STREAM, RegistryClient, bumpEpoch, encodeStoredEntry, entrySubject, halfRange, loadConfig, logOfStream, newLogId, shardStream, shardStreamConfig,
+  REGISTRY_STREAM, RegistryClient, bumpEpoch, claimEpoch, encodeStoredEntry, entrySubject, halfRange, loadConfig, logOfStream, newLogId, shardStream, shardStreamConfig,
   shardSubjects, splitShard,
 } from "../../protocol/index.js";
 import { initStack, startInfra } from "../harness/stack.js";
@@ -55,7 +55,22 @@ test("cli - refused operations exit 2 with a clear message", async () => {
   assert.match(r.text, /--epoch-margin must be a positive integer/);
 });
 
-test("cli - shard takeover bumps the epoch from the ack floor", async () => {
+test("cli - shard takeover on an epoch no worker has claimed: nothing to fence, no epoch spent, no record written", async () => {
+  await registry.sync();
+  const s = registry.state.shards.get(1)!;
+  assert.equal(s.owner, null, "registry init's epoch, unclaimed (no worker runs here)");
+  const seq = registry.state.seq;
+  const r = await runCli(infra.env, ["shard", "takeover", "1"]);
+  assert.equal(r.code, 0, r.text);
+  assert.match(r.text, new RegExp(`shard 1: epoch ${s.epoch} is not claimed by any worker yet, so there is nothing to fence; no epoch spent`));
+  await registry.sync();
+  assert.equal(registry.state.seq, seq, "no record");
+  assert.equal(registry.state.shards.get(1)!.epoch, s.epoch);
+});
+
+test("cli - shard takeover bumps a claimed epoch from the ack floor", async () => {
+  // a worker's claim, as a worker taking the shard writes it
+  await registry.update((st) => ({ v: 1, op: "takeover", at: Date.now(), by: "w-test", shards: [claimEpoch(st.shards.get(1)!, "w-test")] }));
   const before = registry.state.shards.get(1)!.epoch;
   const r = await runCli(infra.env, ["shard", "takeover", "1"]);
   assert.equal(r.code, 0, r.text);
