@@ -456,6 +456,30 @@ export function isWorkerConsumer(name: string): boolean {
   return name.startsWith(WORKER_CONSUMER_PREFIX);
 }
 
+/** The epoch in a worker consumer's name; undefined for any other name. */
+const WORKER_CONSUMER_NAME = new RegExp(`^${WORKER_CONSUMER_PREFIX}(\\d{1,5})$`);
+export function workerConsumerEpoch(name: string): number | undefined {
+  const m = WORKER_CONSUMER_NAME.exec(name);
+  return m === null ? undefined : Number(m[1]);
+}
+
+/**
+ * The shard's processing floor: the ack floor of the newest epoch's worker consumer (0 when there
+ * is none). Not the highest floor of them all: a worker that claims an epoch may start below the
+ * previous owner's floor (what that owner processed past the new boundary went out under its
+ * fenced epoch and is processed again), and if it dies before deleting the older consumer, that
+ * consumer's floor would skip those entries at the next takeover. A floor too low only repeats
+ * entries (devices drop them by message id); one too high loses them.
+ */
+export function processingFloor(consumers: readonly { name: string; ack_floor: { stream_seq: number } }[]): number {
+  let newest: { epoch: number; floor: number } | undefined;
+  for (const c of consumers) {
+    const epoch = workerConsumerEpoch(c.name);
+    if (epoch !== undefined && (newest === undefined || epoch > newest.epoch)) newest = { epoch, floor: c.ack_floor.stream_seq };
+  }
+  return newest?.floor ?? 0;
+}
+
 /** An ephemeral consumer a gateway creates for one catch-up read (`suffix`: random hex). */
 export function readerConsumerName(suffix: string): string {
   return `rd_${suffix}`;

@@ -13,7 +13,7 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager, type JetStreamManager, type StreamInfo } from "@nats-io/jetstream";
 import {
-  isWorkerConsumer,
+  processingFloor,
   JetgateError,
   RegistryClient,
   bumpEpoch,
@@ -87,11 +87,9 @@ async function streamInfo(jsm: JetStreamManager, name: string): Promise<StreamIn
 }
 
 async function workerAckFloor(jsm: JetStreamManager, stream: string): Promise<number> {
-  let floor = 0;
-  for await (const c of jsm.consumers.list(stream)) {
-    if (isWorkerConsumer(c.name)) floor = Math.max(floor, c.ack_floor.stream_seq);
-  }
-  return floor;
+  const consumers = [];
+  for await (const c of jsm.consumers.list(stream)) consumers.push(c);
+  return processingFloor(consumers);
 }
 
 async function waitUntil(what: string, check: () => Promise<boolean>, timeoutMs = 120_000): Promise<void> {

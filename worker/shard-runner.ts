@@ -30,6 +30,7 @@ import {
 import {
   backoffCeiling,
   isWorkerConsumer,
+  processingFloor,
   workerConsumerName,
   bumpEpoch,
   claimEpoch,
@@ -192,7 +193,7 @@ export class ShardRunner {
       return undefined;
     }
     const consumers = await listWorkerConsumers(jsm, this.stream);
-    const floor = Math.max(0, ...consumers.map((c) => c.ack_floor.stream_seq));
+    const floor = processingFloor(consumers);
     // Claim an operation's epoch, else bump. Consume from the floor (a claim: from the boundary's
     // start); a bump's new epoch starts at or above the current boundary (a split's cut may lie
     // above the floor: what is between is processed under the parent's older epoch).

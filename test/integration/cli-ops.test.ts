@@ -1,10 +1,10 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
-import { jetstream, jetstreamManager } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
   REGISTRY_STREAM, RegistryClient, bumpEpoch, claimEpoch, encodeStoredEntry, entrySubject, halfRange, loadConfig, logOfStream, newLogId, shardStream, shardStreamConfig,
-  shardSubjects, splitShard,
+  shardSubjects, splitShard, workerConsumerName,
 } from "../../protocol/index.js";
 import { initStack, startInfra } from "../harness/stack.js";
 import { runCli } from "../harness/cli.js";
@@ -78,6 +78,33 @@ test("cli - shard takeover bumps a claimed epoch from the ack floor", async () =
   await registry.sync();
   assert.equal(registry.state.shards.get(1)!.boundaries.at(-1)!.cause, "takeover");
   assert.equal(registry.state.shards.get(1)!.owner, null, "unclaimed: the next worker to take the shard claims this epoch");
+});
+
+test("cli - shard takeover takes the floor from the newest epoch's consumer: an older one left behind by a claimer that died does not skip entries", async () => {
+  // shard 0 (shard 1's entries are the rebuild test's): an operator's takeover at offset 1, then the owners below
+  await registry.update((st) => ({ v: 1, op: "takeover", at: Date.now(), by: "test", shards: [bumpEpoch(st.shards.get(0)!, { cause: "takeover", start_offset: 1, owner: null })] }));
+  await append(0, 12, "fl");
+  const stream = shardStream(0);
+  const epoch = registry.state.shards.get(0)!.epoch;
+  // the previous owner (epoch - 1) acked offsets 1..10
+  await jsm.consumers.add(stream, { durable_name: workerConsumerName(epoch - 1), ack_policy: AckPolicy.All, deliver_policy: DeliverPolicy.All });
+  const old = await js.consumers.get(stream, workerConsumerName(epoch - 1));
+  let last;
+  for await (const m of await old.fetch({ max_messages: 10, expires: 5000 })) last = m;
+  assert.equal(last?.seq, 10);
+  await last!.ackAck();
+  // the claimer of `epoch` started again at offset 4 (the old owner's entries past the boundary), then died before deleting the older consumer
+  await jsm.consumers.add(stream, { durable_name: workerConsumerName(epoch), ack_policy: AckPolicy.All, deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: 4 });
+  await registry.update((st) => ({ v: 1, op: "takeover", at: Date.now(), by: "w-dead", shards: [claimEpoch(st.shards.get(0)!, "w-dead")] }));
+  try {
+    const r = await runCli(infra.env, ["shard", "takeover", "0"]);
+    assert.equal(r.code, 0, r.text);
+    assert.match(r.text, /takeover from offset 4\)/, "from the newest consumer's floor (3), not the older one's (10)");
+    await registry.sync();
+    assert.equal(registry.state.shards.get(0)!.boundaries.at(-1)!.start_offset, 4);
+  } finally {
+    for (const e of [epoch - 1, epoch]) await jsm.consumers.delete(stream, workerConsumerName(e)).catch(() => undefined);
+  }
 });
 
 test("cli - shard split: a run that stopped after the registry write is finished by the next run", async () => {

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import fc from "fast-check";
 import {
   initialShards, bigintsAsStrings, bumpEpoch, deriveSeq, applyRecord, decodeRecord, encodeRecord, evenRange, ShardMap, userHash,
-  EMPTY_REGISTRY, RegistryError, composeSeq, HASH_SPACE, MAX_EPOCH, type RegistryRecord, type ShardState,
+  EMPTY_REGISTRY, RegistryError, composeSeq, HASH_SPACE, MAX_EPOCH, processingFloor, workerConsumerEpoch, workerConsumerName, type RegistryRecord, type ShardState,
 } from "../../protocol/index.js";
 
 const [s0] = initialShards(1, ["logA"]) as [ShardState];
@@ -236,4 +236,23 @@ test("registry - ShardMap.seqOf numbers an offset of a shard's current log as de
   assert.equal(map.seqOf(0, 10), composeSeq(0, 10));
   assert.equal(map.seqOf(0, 11), composeSeq(1, 11));
   assert.equal(map.seqOf(7, 1), undefined, "unknown shard");
+});
+
+test("processing floor: the newest epoch's worker consumer, not the highest floor (a claimer that died before deleting the older consumer)", () => {
+  const c = (name: string, floor: number) => ({ name, ack_floor: { stream_seq: floor } });
+  assert.equal(processingFloor([]), 0);
+  assert.equal(processingFloor([c("rd_ab12", 900)]), 0, "a gateway's read consumer is not a worker's");
+  assert.equal(processingFloor([c("w_3", 40)]), 40);
+  // the previous owner acked to 120 under epoch 3; the claimer of epoch 4 started at 100 and died
+  assert.equal(processingFloor([c("w_3", 120), c("w_4", 99)]), 99);
+  assert.equal(processingFloor([c("w_4", 99), c("w_3", 120), c("w_10", 7)]), 7, "epochs compared as numbers");
+  assert.equal(workerConsumerEpoch("w_65535"), 65535);
+  assert.equal(workerConsumerEpoch("w_x"), undefined);
+  assert.equal(workerConsumerEpoch("w_1_2"), undefined);
+  fc.assert(fc.property(fc.array(fc.record({ epoch: fc.integer({ min: 0, max: 65535 }), floor: fc.nat() }), { minLength: 1, maxLength: 8 }), (cs) => {
+    const newest = cs.reduce((a, b) => (b.epoch > a.epoch ? b : a));
+    const named = cs.map((x) => c(workerConsumerName(x.epoch), x.floor));
+    // the first consumer of the newest epoch in the list (two of one epoch never exist: one durable name)
+    assert.equal(processingFloor(named), named[cs.indexOf(newest)]!.ack_floor.stream_seq);
+  }));
 });
