@@ -52,6 +52,14 @@ export function seqOffset(seq: MailboxSeq): bigint {
   return seq & MAX_OFFSET;
 }
 
+/**
+ * A seq as a person reads it: the u64 and its `epoch:offset` (`281474976710659 (1:3)`), for logs,
+ * CLI output and demos. The u64 alone hides that a jump from 2 to 281474976710659 is an epoch change.
+ */
+export function seqLabel(seq: MailboxSeq): string {
+  return `${seq} (${seqEpoch(seq)}:${seqOffset(seq)})`;
+}
+
 export function compareSeq(a: MailboxSeq, b: MailboxSeq): -1 | 0 | 1 {
   return a < b ? -1 : a > b ? 1 : 0;
 }

@@ -3,7 +3,7 @@
  * each recipient's mailbox through the Dispatcher (the same library backends use).
  */
 import { randomBytes } from "node:crypto";
-import { ConfigError, DispatchValidationError, Dispatcher, RegistryClient, connectNats, loadConfig, parseFlags, usageError } from "../protocol/index.js";
+import { ConfigError, DispatchValidationError, Dispatcher, RegistryClient, connectNats, loadConfig, parseFlags, seqLabel, usageError } from "../protocol/index.js";
 
 const USAGE = `usage: npm run dispatch -- --to <user>[,<user>...] --text <text> [--lane <lane>]
   appends one entry to each recipient's mailbox (NATS and the lanes from the environment: docs/config.md)`;
@@ -27,7 +27,7 @@ async function main(): Promise<number> {
       recipients: values.to.split(",").map((s) => s.trim()),
       body: new TextEncoder().encode(values.text),
     });
-    for (const r of results) console.log("error" in r ? `${r.user}: ${r.error.code} ${r.error.message}` : `${r.user}: shard ${r.shard} seq ${r.seq} offset ${r.offset}${r.duplicate ? " (duplicate)" : ""}`);
+    for (const r of results) console.log("error" in r ? `${r.user}: ${r.error.code} ${r.error.message}` : `${r.user}: shard ${r.shard} seq ${seqLabel(r.seq)} offset ${r.offset}${r.duplicate ? " (duplicate)" : ""}`);
     return results.some((r) => "error" in r) ? 1 : 0;
   } finally {
     dispatcher.close();

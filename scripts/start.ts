@@ -20,7 +20,7 @@ import { fileURLToPath } from "node:url";
 import WebSocket from "ws";
 import { SignJWT } from "jose";
 import { connect } from "@nats-io/transport-node";
-import { Dispatcher, RegistryClient, connectNats, loadConfig, natsVersionProblem, parseFlags, ConfigError, type Config } from "../protocol/index.js";
+import { Dispatcher, RegistryClient, connectNats, loadConfig, natsVersionProblem, parseFlags, seqLabel, ConfigError, type Config } from "../protocol/index.js";
 import { initRegistry } from "../worker/registry-init.js";
 import { JetgateClient, type WebSocketFactory } from "../client/index.js";
 import { FileCursorStore } from "../client/node.js";
@@ -196,11 +196,11 @@ async function main(): Promise<void> {
     token: () => new SignJWT({}).setProtectedHeader({ alg: "HS256" }).setSubject(user).setExpirationTime("1h").sign(secret),
     store: new FileCursorStore(join(values["state-dir"], "demo-cursor.json")),
     WebSocket: WebSocket as unknown as WebSocketFactory,
-    onEntry: (e) => console.log(`[demo] seq=${e.seq} lane=${e.lane} id=${e.id} body=${JSON.stringify(new TextDecoder().decode(e.b))}`),
+    onEntry: (e) => console.log(`[demo] seq=${seqLabel(e.seq)} lane=${e.lane} id=${e.id} body=${JSON.stringify(new TextDecoder().decode(e.b))}`),
     onRebuild: ({ trimWatermark }) => console.log(`[demo] cursor expired (entries up to ${trimWatermark} were removed): rebuilding`),
   });
   client.on((e) => {
-    if (e.type === "synced") console.log(`[demo] synced at seq ${e.seq}; live`);
+    if (e.type === "synced") console.log(`[demo] synced at seq ${seqLabel(e.seq)}; live`);
     if (e.type === "rebased") console.log(`[demo] cursor rebased: replay from ${e.replayFrom}`);
     if (e.type === "closed" && !stopping) console.log(`[demo] connection closed (${e.code}); reconnecting`);
   });

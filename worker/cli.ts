@@ -10,7 +10,7 @@
  *   jetgate worker                       run a worker process
  */
 import { parseArgs, type ParseArgsConfig } from "node:util";
-import { ConfigError, RegistryClient, bigintsAsStrings, connectNats, loadConfig, wantsHelp, MAX_OFFSET } from "../protocol/index.js";
+import { ConfigError, RegistryClient, bigintsAsStrings, connectNats, loadConfig, wantsHelp, MAX_OFFSET, seqLabel } from "../protocol/index.js";
 import { initRegistry } from "./registry-init.js";
 import { runWorker } from "./main.js";
 import { OperationError, failover, rebuildShard, setupReplica, splitShardOp, takeoverShard, type OpsContext } from "./shard-ops.js";
@@ -142,7 +142,7 @@ ${USAGE}`);
         const owner = s.owner === null ? "unclaimed" : s.owner === undefined ? "claimed" : `claimed by ${s.owner}`;
         out(`shard ${s.shard} ${s.status} range ${s.range.lo}..${s.range.hi} epoch ${s.epoch} log ${s.log} (${s.boundaries.length} boundaries, ${s.splits.length} splits; epoch ${owner})`);
         for (const b of s.boundaries) {
-          out(`  epoch ${b.epoch} ${b.cause} log ${b.log} start_offset ${b.start_offset} start_seq ${b.start_seq} prev_end_seq ${b.prev_end_seq}`);
+          out(`  epoch ${b.epoch} ${b.cause} log ${b.log} start_offset ${b.start_offset} start_seq ${seqLabel(b.start_seq)} prev_end_seq ${seqLabel(b.prev_end_seq)}`);
         }
       }
       out(`offset limit per log: ${MAX_OFFSET}`);

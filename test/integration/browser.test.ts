@@ -51,6 +51,7 @@ test("browser - the demo page connects, receives entries, and resumes without lo
   for (const id of ["w1", "w2", "w3"]) await send(id);
   await waitFor("three entries on the page", async () => (await ids()).length === 3, { timeoutMs: 30_000 });
   assert.match(await page.evaluate(() => document.querySelector("#entries li")!.textContent!), /hello w3/);
+  assert.match(await page.evaluate(() => document.querySelector("#entries li")!.textContent!), /^seq \d+ \(\d+:\d+\) /, "the seq with its epoch:offset");
 
   // the gateway process goes away (drain) and a new one comes up on the same port
   await gateway.kill("SIGTERM");

@@ -40,7 +40,7 @@ test("npm start - the whole stack comes up, the demo device prints what npm run 
     assert.match(out(), /registry initialised with 4 shards/);
     const d = spawnSync(process.execPath, ["--import", "tsx", "scripts/dispatch.ts", "--to", "demo", "--text", "hello there"], { cwd: ROOT, env, encoding: "utf8" });
     assert.equal(d.status, 0, d.stderr);
-    assert.match(d.stdout, /^demo: shard \d+ seq \d+ offset \d+/m);
+    assert.match(d.stdout, /^demo: shard \d+ seq \d+ \(\d+:\d+\) offset \d+/m, "the seq with its epoch:offset");
     await waitFor("the dispatched entry at the demo device", () => out().includes('body="hello there"'), { timeoutMs: 20_000 });
     const bad = spawnSync(process.execPath, ["--import", "tsx", "scripts/dispatch.ts", "--to", "a.b", "--text", "x"], { cwd: ROOT, env, encoding: "utf8" });
     assert.equal(bad.status, 64);

@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import fc from "fast-check";
 import {
-  composeSeq, seqEpoch, seqOffset, compareSeq, encodeSeq, decodeSeq, assertSeq,
+  composeSeq, seqLabel, seqEpoch, seqOffset, compareSeq, encodeSeq, decodeSeq, assertSeq,
   SeqRangeError, MAX_OFFSET, MAX_EPOCH, U64_MAX,
 } from "../../protocol/index.js";
 
@@ -69,4 +69,13 @@ test("seq - decodeSeq reads a view inside a larger buffer", () => {
   const buf = new Uint8Array(12);
   buf.set(encodeSeq(composeSeq(7, 99)), 3);
   assert.equal(decodeSeq(buf.subarray(3, 11)), composeSeq(7, 99));
+});
+
+test("seqLabel: the u64 and its epoch:offset, as logs, the CLI and the demos print a seq", () => {
+  assert.equal(seqLabel(0n), "0 (0:0)");
+  assert.equal(seqLabel(composeSeq(1, 3)), "281474976710659 (1:3)");
+  assert.equal(seqLabel(U64_MAX), `${U64_MAX} (${MAX_EPOCH}:${MAX_OFFSET})`);
+  fc.assert(fc.property(fc.integer({ min: 0, max: MAX_EPOCH }), fc.bigInt({ min: 0n, max: MAX_OFFSET }), (e, o) => {
+    assert.equal(seqLabel(composeSeq(e, o)), `${composeSeq(e, o)} (${e}:${o})`);
+  }));
 });
