@@ -15,6 +15,8 @@ export class GatewayMetrics {
   readonly entriesSent: Counter;
   readonly gapFills: Counter;
   readonly stalePushes: Counter;
+  readonly heldPushes: Counter;
+  readonly heldPushesDropped: Counter;
   readonly unreadablePushes: Counter;
   readonly pushesReceived: Counter;
   readonly strayPushes: Counter;
@@ -49,6 +51,8 @@ export class GatewayMetrics {
     this.catchupEntries = c("jetgate_gateway_catchup_entries_total", "Entries read for catch-up, by source (cache, stream).", ["source"]);
     this.gapFills = c("jetgate_gateway_gap_fills_total", "Live pushes whose predecessor was missing or unknown, filled from the stream first.");
     this.stalePushes = c("jetgate_gateway_stale_pushes_total", "Pushes dropped because their epoch is older than the registry's.");
+    this.heldPushes = c("jetgate_gateway_held_pushes_total", "Pushes held until this gateway's registry view knew their shard and epoch (a takeover, split, rebuild or failover it had not seen yet).");
+    this.heldPushesDropped = c("jetgate_gateway_held_pushes_dropped_total", "Held pushes dropped: the registry view did not catch up within 10 s, or too many were held (the sessions read them from the stream).");
     // received / needed over gateways: how well routing keeps each gateway to its own sessions' users
     this.pushesReceived = c("jetgate_gateway_pushes_received_total", "Live pushes received from the workers for users with a session here (one per entry, however many sessions).");
     this.strayPushes = c("jetgate_gateway_stray_pushes_total", "Live pushes received for users with no session here (a route left behind: this gateway takes itself out of it).");

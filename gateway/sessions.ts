@@ -13,6 +13,11 @@ import type { GatewayMetrics } from "./metrics.js";
 import type { HubMember, PushSource, RoutePort, SessionHub } from "./ports.js";
 import { TokenBucket } from "./rate-limit.js";
 
+/** How long pushes wait for the registry record of their shard and epoch. */
+const HOLD_MS = 10_000;
+/** Pushes held per shard at most (a registry a whole 10 s behind a busy shard). */
+const MAX_WAITING_PUSHES = 100_000;
+
 /** What the tail check reads of a user: its head (undefined: Redis has none) and its routes. */
 export interface UserHead {
   head: MailboxSeq | undefined;
@@ -126,6 +131,22 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     for (const s of this.users.get(user)?.sessions ?? []) s.catchUpTo(head);
   }
 
+  /**
+   * Pushes of shards this gateway's registry view is behind on (a shard it does not know yet, or an
+   * epoch above the one it has), held in arrival order until the registry catches up. A worker
+   * writes its epoch to the registry before it pushes under it, but the registry reaches gateways on
+   * another path: after a rebuild or failover a push from the new log could reach a device before
+   * the gateway could sign a cursor for that log, and the device's next AUTH would be refused
+   * (CURSOR_INVALID) and replay its whole mailbox.
+   */
+  private readonly waiting = new Map<number, { since: number; pushes: { push: Push; broadcast: boolean }[] }>();
+
+  /** Whether the registry view knows `push`'s shard at its epoch. */
+  private knows(push: Push): boolean {
+    const shard = this.registry.state.shards.get(push.shard);
+    return shard !== undefined && push.epoch <= shard.epoch;
+  }
+
   /** One batch from the push source: stale pushes dropped, the rest handed to each user's sessions together. */
   onPushes(batch: readonly Push[], broadcast = false): void {
     const now = Date.now();
@@ -133,8 +154,14 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     let strays = 0;
     const byUser = new Map<string, Push[]>();
     for (const push of batch) {
-      const shard = this.registry.state.shards.get(push.shard);
-      if (shard !== undefined && push.epoch < shard.epoch) {
+      // behind on this shard, or pushes of it already held: held (in order) until the registry catches up
+      const held = this.waiting.get(push.shard);
+      if (held !== undefined || !this.knows(push)) {
+        this.hold(push, broadcast, now);
+        continue;
+      }
+      const shard = this.registry.state.shards.get(push.shard)!;
+      if (push.epoch < shard.epoch) {
         this.metrics.stalePushes.inc();
         continue;
       }
@@ -157,6 +184,52 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     for (const [user, pushes] of byUser) this.deliver(user, pushes);
   }
 
+  private hold(push: Push, broadcast: boolean, now: number): void {
+    let w = this.waiting.get(push.shard);
+    if (w === undefined) this.waiting.set(push.shard, (w = { since: now, pushes: [] }));
+    if (w.pushes.length >= MAX_WAITING_PUSHES) {
+      // the sessions find what they miss from the stream (the next push's gap, the tail check)
+      this.metrics.heldPushesDropped.inc();
+      return;
+    }
+    this.metrics.heldPushes.inc();
+    w.pushes.push({ push, broadcast });
+    this.holdTimer ??= setInterval(() => this.expireHolds(Date.now()), 1000);
+    this.holdTimer.unref();
+  }
+
+  /** Pushes held for a shard whose registry record has arrived go on, in order; the rest wait. */
+  private releaseHolds(): void {
+    for (const [shard, w] of this.waiting) {
+      if (!w.pushes.every((h) => this.knows(h.push))) continue;
+      this.waiting.delete(shard);
+      for (const h of w.pushes) this.onPushes([h.push], h.broadcast);
+    }
+    this.stopHoldTimer();
+  }
+
+  /**
+   * Held pushes of a registry that has not caught up in HOLD_MS are dropped: it is stuck (its
+   * follower logs why), and the sessions read what they miss from the stream once it moves.
+   */
+  private expireHolds(now: number): void {
+    for (const [shard, w] of this.waiting) {
+      if (now - w.since < HOLD_MS) continue;
+      this.waiting.delete(shard);
+      this.metrics.heldPushesDropped.inc(w.pushes.length);
+      this.log.warn({ shard, pushes: w.pushes.length, heldMs: now - w.since }, "the registry did not catch up with pushes of this shard: dropped them (sessions read them from the stream)");
+    }
+    this.stopHoldTimer();
+  }
+
+  private stopHoldTimer(): void {
+    if (this.waiting.size > 0 || this.holdTimer === undefined) return;
+    clearInterval(this.holdTimer);
+    this.holdTimer = undefined;
+  }
+
+  private holdTimer: NodeJS.Timeout | undefined;
+
   private deliver(user: string, pushes: readonly Push[]): void {
     for (const s of this.users.get(user)?.sessions ?? []) s.onPushes(pushes);
   }
@@ -168,6 +241,8 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
       this.shardEpochs.set(id, sig);
       for (const session of this.byShard.get(id) ?? []) session.onShardChange();
     }
+    // after the sessions saw the change: held pushes are then sent under a cursor the gateway can sign
+    if (this.waiting.size > 0) this.releaseHolds();
   }
 
   /**
@@ -231,6 +306,8 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
   close(): void {
     clearInterval(this.tailTimer);
     clearInterval(this.expiryTimer);
+    clearInterval(this.holdTimer);
+    this.waiting.clear();
     this.pushes.stop();
     this.users.clear();
   }

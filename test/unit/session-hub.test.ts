@@ -136,3 +136,48 @@ test("session hub - a session that leaves during a fan-out (closed as a slow con
   assert.deepEqual([a.got.length, b.got.length, c.got.length], [1, 2, 2]);
   hub.close();
 });
+
+test("session hub - pushes of an epoch or a shard the registry view has not seen are held, in order, until it has: then sent after the sessions saw the change", async () => {
+  const { hub, source, registry, metrics } = hubRig();
+  const a = member("ann", "d1");
+  const order: string[] = [];
+  a.m.onShardChange = () => void order.push("shard change");
+  a.m.onPushes = (p) => {
+    a.got.push(p as Push[]);
+    order.push(`pushes ${p.map((x) => x.entry.id).join(",")}`);
+  };
+  hub.open(a.m);
+  hub.add(a.m);
+  hub.watch(a.m);
+  // a rebuild's new epoch, pushed before this gateway's registry follower saw the record
+  source.deliver([push("ann", 1, 1)]);
+  source.deliver([push("ann", 2, 1), push("bob", 3, 1)]);
+  assert.equal(a.got.length, 0, "held");
+  assert.equal(await count(metrics.heldPushes), 3);
+  registry.apply([bumpEpoch(registry.state.shards.get(0)!, { cause: "rebuild", log: "logR", start_offset: 1 })], "rebuild");
+  assert.deepEqual(order, ["shard change", "pushes m1", "pushes m2"], "the session saw the new epoch first, then the held pushes in order");
+  // nothing held any more: the next push goes straight through
+  source.deliver([push("ann", 4, 1)]);
+  assert.deepEqual(a.got.map((g) => g.map((p) => p.entry.id)), [["m1"], ["m2"], ["m4"]]);
+  // a shard the view does not know at all (a split's child it has not seen): held as well
+  source.deliver([{ ...push("ann", 1, 1), shard: 7 }]);
+  assert.equal(a.got.length, 3);
+  assert.equal(await count(metrics.heldPushes), 4);
+  hub.close();
+});
+
+test("session hub - held pushes of a registry view that does not catch up are dropped after 10 s and counted; later pushes of the shard go on", async (t) => {
+  t.mock.timers.enable({ apis: ["setInterval", "Date"] });
+  const { hub, source, metrics } = hubRig();
+  const a = member("ann", "d1");
+  hub.open(a.m);
+  hub.add(a.m);
+  source.deliver([push("ann", 1, 3)]);
+  t.mock.timers.tick(9_000);
+  assert.equal(await count(metrics.heldPushesDropped), 0);
+  t.mock.timers.tick(2_000);
+  assert.equal(await count(metrics.heldPushesDropped), 1);
+  source.deliver([push("ann", 2, 0)]);
+  assert.deepEqual(a.got.map((g) => g.map((p) => p.entry.id)), [["m2"]]);
+  hub.close();
+});
