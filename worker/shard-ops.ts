@@ -92,29 +92,45 @@ async function workerAckFloor(jsm: JetStreamManager, stream: string): Promise<nu
   return processingFloor(consumers);
 }
 
-async function waitUntil(what: string, check: () => Promise<boolean>, timeoutMs = 120_000): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > end) throw new OperationError(`timed out waiting for ${what}; run the command again to continue`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
+/** How often a stream copy says how far it is. */
+const PROGRESS_EVERY_MS = 5000;
+/** A copy that gains nothing for this long is given up (run the command again to resume). */
+const COPY_STALL_MS = 120_000;
+
+/** One progress line of a stream copy: how many of how many, the rate since it began, the time left at that rate. */
+export function copyProgress(name: string, done: number, total: number, elapsedMs: number): string {
+  const pct = total > 0 ? Math.min(100, Math.floor((done / total) * 100)) : 100;
+  const rate = elapsedMs > 0 ? (done / elapsedMs) * 1000 : 0;
+  const left = rate > 0 ? Math.ceil(Math.max(0, total - done) / rate) : undefined;
+  return `stream ${name}: copied ${done.toLocaleString("en-US")} of ${total.toLocaleString("en-US")} messages (${pct}%), ${Math.round(rate).toLocaleString("en-US")}/s, ${left === undefined ? "time left unknown" : `about ${left} s left`}`;
 }
 
 /**
  * Waits until a sourcing stream has copied its source: it holds `want` messages, or its source
  * reports no lag twice in a row with nothing added in between (JetStream may drop a copy whose
- * Nats-Msg-Id repeats inside the duplicate window, so the count alone could fall short).
+ * Nats-Msg-Id repeats inside the duplicate window, so the count alone could fall short). Says how
+ * far it is every 5 s (a large stream takes minutes), and gives up only when the copy stalls.
  */
-async function copied(jsm: JetStreamManager, name: string, want: number): Promise<void> {
+async function copied(jsm: JetStreamManager, name: string, want: number, out: (line: string) => void): Promise<void> {
+  const start = Date.now();
   let last = -1;
-  await waitUntil(`${name} to copy ${want} messages`, async () => {
+  let lastGain = start;
+  let lastSaid = start;
+  for (;;) {
     const i = await jsm.streams.info(name);
-    const idle = (i.sources ?? []).every((src) => src.lag === 0) && i.state.messages === last;
-    last = i.state.messages;
-    if (i.state.messages >= want || idle) return true;
+    const n = i.state.messages;
+    const idle = (i.sources ?? []).every((src) => src.lag === 0) && n === last;
+    const now = Date.now();
+    if (n > last) lastGain = now;
+    last = n;
+    if (n >= want || idle) return;
+    if (now - lastGain > COPY_STALL_MS) throw new OperationError(`${name}: the copy gained nothing for ${COPY_STALL_MS / 1000} s at ${n} of ${want} messages; run the command again to continue`);
+    if (now - lastSaid >= PROGRESS_EVERY_MS) {
+      out(copyProgress(name, n, want, now - start));
+      lastSaid = now;
+    }
     await new Promise((r) => setTimeout(r, 400));
-    return false;
-  });
+  }
 }
 
 /**
@@ -287,7 +303,7 @@ export async function rebuildShard(ctx: OpsContext, shard: number): Promise<void
       if ((await streamInfo(jsm, hold)) === undefined) {
         await jsm.streams.add({ name: hold, description: `jetgate rebuild of ${name}`, storage: old.config.storage, num_replicas: old.config.num_replicas, sources: [{ name }] });
       }
-      await copied(jsm, hold, old.state.messages);
+      await copied(jsm, hold, old.state.messages, ctx.out);
       ctx.out(`stream ${hold}: holds the ${old.state.messages} messages of the old log`);
       // 4. the old stream goes; the holding stream no longer follows it
       await jsm.streams.delete(name);
@@ -307,7 +323,7 @@ export async function rebuildShard(ctx: OpsContext, shard: number): Promise<void
     if ((info.config.subjects ?? []).length === 0) {
       if (holdInfo !== undefined) {
         const want = holdInfo.state.messages;
-        await copied(jsm, name, want);
+        await copied(jsm, name, want, ctx.out);
         ctx.out(`stream ${name}: ${want} messages re-appended`);
       }
       // 6. open for appends
