@@ -1,5 +1,5 @@
 /** Prometheus metrics of a worker. Names are part of the operator contract (alerts, dashboards). */
-import { Counter, Gauge, Registry, collectDefaultMetrics } from "prom-client";
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
 
 export class WorkerMetrics {
   readonly registry = new Registry();
@@ -23,6 +23,7 @@ export class WorkerMetrics {
   readonly unroutedPushes: Counter;
   readonly broadcastPushes: Counter;
   readonly silentRoutes: Counter;
+  readonly pushLatency: Histogram;
 
   constructor() {
     const registers = [this.registry];
@@ -49,6 +50,13 @@ export class WorkerMetrics {
     this.unroutedPushes = new Counter({ name: "jetgate_worker_unrouted_entries_total", help: "Entries (first copies) whose user has no session on any gateway: no push message at all.", registers });
     this.silentRoutes = new Counter({ name: "jetgate_worker_silent_routes_total", help: "Pushes not sent to a gateway in a user's routes because it stopped beating (it is dropped from the routes).", registers });
     this.deliveryGaps = c("jetgate_worker_delivery_gaps_total", "Entries the shard consumer skipped (a delivery lost in flight), fetched from the stream by offset instead.", ["shard"]);
+    // the gateway's histogram counts the same entries on arrival: the two place a delivery's latency before, in or after the worker
+    this.pushLatency = new Histogram({
+      name: "jetgate_worker_push_latency_seconds",
+      help: "Seconds from an entry's dispatch (its ts) to this worker publishing its push, once per entry pushed; clock skew below 0 counts as 0.",
+      buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      registers,
+    });
     this.registryRecord = new Gauge({ name: "jetgate_worker_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });
     this.regressions.inc({ component: "worker" }, 0);
   }

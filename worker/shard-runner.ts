@@ -357,6 +357,8 @@ export class ShardRunner {
     for (const p of pushes) this.d.pushes.route(p.push, p.routes);
     // before the ack, on the same connection: a crash never acks an entry whose push is not out
     this.d.pushes.flush();
+    const now = Date.now();
+    for (const p of pushes) this.d.metrics.pushLatency.observe(Math.max(0, now - p.push.entry.ts) / 1000);
     if (forwards.length > 0) await this.forward(forwards);
     this.fault("push");
     // AckAll: everything up to the highest offset (a batch of redeliveries only: acked again, harmless)

@@ -315,10 +315,10 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
   const sentHalf = await sys.sendFor(seconds, users, Math.max(1, Math.floor(rate / 2 / (devices / users))));
   const half = await settled(gens);
   const countersHalf = await sys.counters?.();
-  // dispatch -> gateway (the gateways' push latency histogram, its bucket bounds) at half load: the part of a delivery's latency before the gateway
-  const pushQuantile = (q: number) => {
+  // dispatch -> worker's push and dispatch -> gateway (the processes' push latency histograms, their bucket bounds) at half load
+  const pushQuantile = (q: number, prefix = "push") => {
     if (countersAfter === undefined || countersHalf === undefined) return undefined;
-    const inBucket = (le: string) => countersHalf[`push_le_${le}`]! - countersAfter[`push_le_${le}`]!;
+    const inBucket = (le: string) => countersHalf[`${prefix}_le_${le}`]! - countersAfter[`${prefix}_le_${le}`]!;
     const total = inBucket("+Inf");
     const le = PUSH_LATENCY_BOUNDS.find((b) => total > 0 && inBucket(b) >= q * total);
     return le === undefined ? undefined : le === "+Inf" ? "> 10000" : `<= ${Number(le) * 1000}`;
@@ -333,7 +333,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
       // pushes the gateways received per entry pushed: 1 when each gets only its own sessions' users' entries (--nodes N)
       gateway_received_per_pushed: per(d("gatewayPushes"), d("pushed")),
       gateway_closes: d("closes"), slow_consumer_closes: d("slowConsumerCloses"), gap_fills: d("gapFills"),
-      push_p50_ms: pushQuantile(0.5), push_p99_ms: pushQuantile(0.99),
+      worker_push_p50_ms: pushQuantile(0.5, "wpush"), worker_push_p99_ms: pushQuantile(0.99, "wpush"), push_p50_ms: pushQuantile(0.5), push_p99_ms: pushQuantile(0.99),
     } : {}),
     // BENCH_MAX_BATCH: jetgate's producers ran with that maxBatch (1: no atomic batches)
     ...(sys.name === "jetgate" && process.env.BENCH_MAX_BATCH !== undefined ? { max_batch: Number(process.env.BENCH_MAX_BATCH) } : {}),

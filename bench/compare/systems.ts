@@ -171,6 +171,8 @@ async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
         gapFills: await sum(gateways, "jetgate_gateway_gap_fills_total"),
         // entries' pushes received by the gateways up to each bound (s) after their dispatch: where a delivery's latency goes
         ...Object.fromEntries(await Promise.all(PUSH_LATENCY_BOUNDS.map(async (le) => [`push_le_${le}`, await sum(gateways, "jetgate_gateway_push_latency_seconds_bucket", { le })] as const))),
+        // and published by the workers up to each bound: the part of it before the worker's push
+        ...Object.fromEntries(await Promise.all(PUSH_LATENCY_BOUNDS.map(async (le) => [`wpush_le_${le}`, await sum(workers, "jetgate_worker_push_latency_seconds_bucket", { le })] as const))),
       };
     },
     logs: () => procs.flatMap((p) => p.output.slice(-10)),
