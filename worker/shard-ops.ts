@@ -14,6 +14,7 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager, type JetStreamManager, type StreamInfo } from "@nats-io/jetstream";
 import {
   processingFloor,
+  seqLabel,
   JetgateError,
   RegistryClient,
   bumpEpoch,
@@ -213,8 +214,8 @@ export async function splitShardOp(ctx: OpsContext, shard: number, opts: { child
     const c = state.shards.get(child)!;
     const split = c.splits[0]!;
     ctx.out(`shard ${shard}: split recorded; hashes ${moved.lo}..${moved.hi} move to shard ${child}`);
-    ctx.out(`  parent epoch ${parent.epoch} -> ${p.epoch}, keeps ${p.range.lo}..${p.range.hi}; split_at_seq ${split.split_at_seq} (offset ${info.state.last_seq})`);
-    ctx.out(`  child ${child} starts at epoch ${c.epoch}, seq ${split.child_start_seq}, log ${c.log}`);
+    ctx.out(`  parent epoch ${parent.epoch} -> ${p.epoch}, keeps ${p.range.lo}..${p.range.hi}; split_at_seq ${seqLabel(split.split_at_seq)}`);
+    ctx.out(`  child ${child} starts at epoch ${c.epoch}, seq ${seqLabel(split.child_start_seq)}, log ${c.log}`);
   });
 }
 
@@ -287,7 +288,7 @@ export async function rebuildShard(ctx: OpsContext, shard: number): Promise<void
         return { v: 1, op: "rebuild", at: Date.now(), by: ctx.by, shards: [bumpEpoch(cur, { cause: "rebuild", log: newLogId(), start_offset: 1, prev_end_offset: oldLast, owner: null })] };
       });
       s = written!.state.shards.get(shard)!;
-      ctx.out(`shard ${shard}: epoch ${before} -> ${s.epoch} on new log ${s.log}; prev_end_seq ${s.boundaries[s.boundaries.length - 1]!.prev_end_seq}`);
+      ctx.out(`shard ${shard}: epoch ${before} -> ${s.epoch} on new log ${s.log}; prev_end_seq ${seqLabel(s.boundaries[s.boundaries.length - 1]!.prev_end_seq)}`);
     } else if (info !== undefined && logOfStream(info) === s.log) {
       ctx.out(`shard ${shard}: the new stream exists; finishing (resuming)`);
     } else if (info !== undefined && (info.config.subjects ?? []).includes(shardSubjects(shard))) {

@@ -121,6 +121,9 @@ test("cli - shard split: a run that stopped after the registry write is finished
   const again = await runCli(infra.env, ["shard", "split", "0"]);
   assert.equal(again.code, 0, again.text);
   assert.match(again.text, /split recorded; hashes \d+\.\.\d+ move to shard 6/);
+  // what it changed, seqs with their epoch:offset
+  assert.match(again.text, /parent epoch \d+ -> \d+, keeps \d+\.\.\d+; split_at_seq \d+ \(\d+:\d+\)/);
+  assert.match(again.text, /child 6 starts at epoch \d+, seq \d+ \(\d+:1\), log \S+/);
   assert.ok((await jsm.streams.info(shardStream(6))).config.subjects?.includes(shardSubjects(6)));
 });
 
