@@ -1,6 +1,6 @@
 /** Prometheus metrics of a gateway. */
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
-import type { DispatchStats } from "../protocol/index.js";
+import { PUSH_LATENCY_BUCKETS_S, type DispatchStats } from "../protocol/index.js";
 
 export class GatewayMetrics {
   readonly registry = new Registry();
@@ -71,7 +71,7 @@ export class GatewayMetrics {
     this.pushLatency = new Histogram({
       name: "jetgate_gateway_push_latency_seconds",
       help: "Seconds from an entry's append (its ts) to this gateway receiving its live push, once per entry (not per device); clock skew below 0 counts as 0.",
-      buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      buckets: [...PUSH_LATENCY_BUCKETS_S],
       registers,
     });
     this.regressions.inc({ component: "gateway" }, 0);

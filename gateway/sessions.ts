@@ -154,13 +154,12 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     let strays = 0;
     const byUser = new Map<string, Push[]>();
     for (const push of batch) {
+      const shard = this.registry.state.shards.get(push.shard);
       // behind on this shard, or pushes of it already held: held (in order) until the registry catches up
-      const held = this.waiting.get(push.shard);
-      if (held !== undefined || !this.knows(push)) {
+      if (shard === undefined || push.epoch > shard.epoch || (this.waiting.size > 0 && this.waiting.has(push.shard))) {
         this.hold(push, broadcast, now);
         continue;
       }
-      const shard = this.registry.state.shards.get(push.shard)!;
       if (push.epoch < shard.epoch) {
         this.metrics.stalePushes.inc();
         continue;
@@ -194,8 +193,10 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     }
     this.metrics.heldPushes.inc();
     w.pushes.push({ push, broadcast });
-    this.holdTimer ??= setInterval(() => this.expireHolds(Date.now()), 1000);
-    this.holdTimer.unref();
+    if (this.holdTimer === undefined) {
+      this.holdTimer = setInterval(() => this.expireHolds(Date.now()), 1000);
+      this.holdTimer.unref();
+    }
   }
 
   /** Pushes held for a shard whose registry record has arrived go on, in order; the rest wait. */

@@ -53,6 +53,13 @@ export function seqOffset(seq: MailboxSeq): bigint {
 }
 
 /**
+ * Buckets (seconds) of the push latency histograms, an entry's dispatch to the worker's push and to
+ * a gateway's receipt: 1 ms .. 10 s; later than that is an outage, which +Inf still counts. One list
+ * for both, so the two can be read against each other bucket by bucket.
+ */
+export const PUSH_LATENCY_BUCKETS_S = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10] as const;
+
+/**
  * A seq as a person reads it: the u64 and its `epoch:offset` (`281474976710659 (1:3)`), for logs,
  * CLI output and demos. The u64 alone hides that a jump from 2 to 281474976710659 is an epoch change.
  */

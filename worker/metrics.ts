@@ -1,5 +1,6 @@
 /** Prometheus metrics of a worker. Names are part of the operator contract (alerts, dashboards). */
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+import { PUSH_LATENCY_BUCKETS_S } from "../protocol/index.js";
 
 export class WorkerMetrics {
   readonly registry = new Registry();
@@ -54,7 +55,7 @@ export class WorkerMetrics {
     this.pushLatency = new Histogram({
       name: "jetgate_worker_push_latency_seconds",
       help: "Seconds from an entry's dispatch (its ts) to this worker publishing its push, once per entry pushed; clock skew below 0 counts as 0.",
-      buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+      buckets: [...PUSH_LATENCY_BUCKETS_S],
       registers,
     });
     this.registryRecord = new Gauge({ name: "jetgate_worker_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });

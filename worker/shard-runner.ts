@@ -354,11 +354,13 @@ export class ShardRunner {
     if (!(await this.confirmEpoch(epoch))) return false;
     const { pushes, duplicates } = pushesOf(items, results, this.shard, epoch);
     if (duplicates > 0) this.d.metrics.duplicates.inc(this.label, duplicates);
-    for (const p of pushes) this.d.pushes.route(p.push, p.routes);
+    const now = Date.now();
+    for (const p of pushes) {
+      this.d.pushes.route(p.push, p.routes);
+      this.d.metrics.pushLatency.observe(Math.max(0, now - p.push.entry.ts) / 1000);
+    }
     // before the ack, on the same connection: a crash never acks an entry whose push is not out
     this.d.pushes.flush();
-    const now = Date.now();
-    for (const p of pushes) this.d.metrics.pushLatency.observe(Math.max(0, now - p.push.entry.ts) / 1000);
     if (forwards.length > 0) await this.forward(forwards);
     this.fault("push");
     // AckAll: everything up to the highest offset (a batch of redeliveries only: acked again, harmless)

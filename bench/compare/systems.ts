@@ -12,7 +12,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface, type Interface } from "node:readline";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { RegistryClient } from "../../protocol/index.js";
+import { PUSH_LATENCY_BUCKETS_S, RegistryClient } from "../../protocol/index.js";
 import { NatsServer, RedisServer, freePort } from "../../test/harness/servers.js";
 import { initStack, spawnGateway, spawnWorker, startInfra, type JetgateProcess } from "../../test/harness/stack.js";
 import { waitFor } from "../../test/harness/wait.js";
@@ -104,8 +104,8 @@ export async function startSystem(name: SystemName, opts: SystemOptions): Promis
 }
 
 const times = <T>(n: number, f: (k: number) => T): T[] => Array.from({ length: n }, (_, k) => f(k));
-/** The gateway's push latency histogram's bounds (gateway/metrics.ts), as its `le` labels print them. */
-export const PUSH_LATENCY_BOUNDS = ["0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "+Inf"];
+/** The push latency histograms' bounds, as their `le` labels print them. */
+export const PUSH_LATENCY_BOUNDS = [...PUSH_LATENCY_BUCKETS_S.map(String), "+Inf"];
 const sum = (xs: Record<string, number>[], key: string) => xs.reduce((n, x) => n + (x[key] ?? 0), 0);
 
 /** `rate` in all, split evenly over `procs`: each sends its share (all as fast as they go without one). */
