@@ -79,12 +79,21 @@ export const ShardStateSchema = z.object({
    * treated as claimed, so a rolling upgrade never lets two workers share an epoch.
    */
   owner: z.string().max(128).nullable().optional(),
+  /**
+   * Set by a planned handoff (op `release`): the owner of the current epoch stopped on purpose
+   * after finishing every offset up to this one, and gave the epoch up (owner null). The next
+   * worker claims the same epoch and consumes from the offset after it: nothing to fence, nothing
+   * renumbered. Kept by that claim (a lower bound for a later takeover's start), dropped by any
+   * epoch bump.
+   */
+  released_offset: offset.optional(),
 });
 export type ShardState = z.output<typeof ShardStateSchema>;
 
 export const RegistryRecordSchema = z.object({
   v: z.literal(1),
-  op: z.enum(["init", "takeover", "split", "merge", "rebuild", "failover"]),
+  /** `release`: a worker handed its epoch back on purpose (see `releaseEpoch`); the rest as the causes. */
+  op: z.enum(["init", "takeover", "release", "split", "merge", "rebuild", "failover"]),
   /** Wall-clock ms when written (informational). */
   at: z.number().int().min(0),
   /** Who wrote it (worker id, `cli`, ...). */
@@ -143,11 +152,12 @@ export interface RegistryState {
 export const EMPTY_REGISTRY: RegistryState = { seq: 0, shards: new Map() };
 
 /**
- * Applies one record. A record may only raise a shard's epoch (or keep it for a pure range change
- * or a worker's claim); one that would lower it is refused, so a forged or replayed record cannot
- * move epochs back. At the same epoch the owner may only go from unclaimed to a worker: a record
- * that hands a claimed epoch to someone else (or back to unclaimed) is refused, so no two workers
- * ever work under one epoch.
+ * Applies one record. A record may only raise a shard's epoch (or keep it for a pure range change,
+ * a worker's claim or its release); one that would lower it is refused, so a forged or replayed
+ * record cannot move epochs back. At the same epoch the owner may only go from unclaimed to a
+ * worker (a claim), or from a worker back to unclaimed by that worker's own `release` record, with
+ * the same log and boundaries and an offset that does not go back: a record that hands a claimed
+ * epoch to someone else is refused, so no two workers ever work under one epoch.
  */
 export function applyRecord(state: RegistryState, seq: number, record: RegistryRecord): RegistryState {
   const shards = new Map(state.shards);
@@ -157,11 +167,22 @@ export function applyRecord(state: RegistryState, seq: number, record: RegistryR
       throw new RegistryError(`record ${seq} lowers shard ${s.shard} epoch from ${prev.epoch} to ${s.epoch}`);
     }
     if (prev !== undefined && s.epoch === prev.epoch && isClaimed(prev) && s.owner !== prev.owner) {
-      throw new RegistryError(`record ${seq} reassigns epoch ${s.epoch} of shard ${s.shard}, claimed by ${prev.owner ?? "a worker of an older version"}`);
+      const refusal = releaseRefusal(prev, s, record);
+      if (refusal !== undefined) throw new RegistryError(`record ${seq} reassigns epoch ${s.epoch} of shard ${s.shard}, claimed by ${prev.owner ?? "a worker of an older version"}: ${refusal}`);
     }
     shards.set(s.shard, s);
   }
   return { seq, shards };
+}
+
+/** Why `next` is not a valid release of `prev`'s claimed epoch; undefined when it is one. */
+function releaseRefusal(prev: ShardState, next: ShardState, record: RegistryRecord): string | undefined {
+  if (record.op !== "release" || next.owner !== null) return "only its owner's release may give it up";
+  if (prev.owner === undefined || record.by !== prev.owner) return `a release by ${record.by}, not by the owner`;
+  if (next.released_offset === undefined) return "a release without the offset it ends at";
+  if (prev.released_offset !== undefined && next.released_offset < prev.released_offset) return `a release at offset ${next.released_offset}, below the previous one (${prev.released_offset})`;
+  if (next.log !== prev.log || next.boundaries.length !== prev.boundaries.length) return "a release that changes the log or the boundaries";
+  return undefined;
 }
 
 /**
@@ -181,6 +202,18 @@ export function isClaimed(shard: ShardState): boolean {
 export function claimEpoch(shard: ShardState, worker: string): ShardState {
   if (isClaimed(shard)) throw new RegistryError(`shard ${shard.shard}: epoch ${shard.epoch} is claimed already (${shard.owner ?? "by an older version"})`);
   return { ...shard, owner: worker };
+}
+
+/**
+ * The shard with its current epoch given back by its owner after a planned stop: every offset up to
+ * `offset` is done (Redis, pushes, ack), nothing past it was pushed. Unclaimed again, the epoch is
+ * claimed by the next worker, which consumes from `offset + 1` (see planTakeover). Written with
+ * optimistic concurrency like a claim, so a fence that came first wins and the release is not
+ * written. Pure.
+ */
+export function releaseEpoch(shard: ShardState, worker: string, offset: number): ShardState {
+  if (shard.owner !== worker) throw new RegistryError(`shard ${shard.shard}: epoch ${shard.epoch} is not claimed by ${worker} (${shard.owner === null ? "unclaimed" : (shard.owner ?? "an older version")})`);
+  return { ...shard, owner: null, released_offset: offset };
 }
 
 /** The range of shard `i` of `n` when the hash space is cut evenly. */
@@ -254,7 +287,7 @@ export function bumpEpoch(shard: ShardState, bump: EpochBump): ShardState {
     start_seq: composeSeq(next, bump.start_offset),
     prev_end_seq: prevEnd ?? current.prev_end_seq,
   };
-  const { owner: _previous, ...rest } = shard;
+  const { owner: _previous, released_offset: _released, ...rest } = shard;
   return { ...rest, epoch: next, log, boundaries: [...shard.boundaries, boundary], ...(bump.owner !== undefined ? { owner: bump.owner } : {}) };
 }
 
@@ -367,7 +400,9 @@ export function halfRange(r: HashRange, upper: boolean): HashRange {
  * under the new epoch (devices drop the repeats by message id).
  */
 export function processingStart(shard: ShardState, ackFloor: number): number {
-  let lower = 1;
+  // a release's offset: its owner finished everything up to it (the ack of the last batch may not
+  // have reached the consumer's floor)
+  let lower = shard.released_offset !== undefined ? shard.released_offset + 1 : 1;
   for (const b of shard.boundaries) {
     if (b.log === shard.log && b.cause !== "split" && b.cause !== "merge") lower = Math.max(lower, b.start_offset);
   }
@@ -380,10 +415,11 @@ export function processingStart(shard: ShardState, ackFloor: number): number {
 export interface TakeoverPlan {
   /**
    * `claim`: the current epoch was written by an operation and no worker has it yet, so the worker
-   * claims it (a record that changes no epoch). `bump`: a worker has (or had) it, so the worker
-   * bumps the epoch (E1).
+   * claims it (a record that changes no epoch). `resume`: the epoch's owner released it after a
+   * planned stop, so the worker claims it and goes on after the released offset. `bump`: a worker
+   * has (or had) it and did not release it, so the worker bumps the epoch (E1, the fence).
    */
-  mode: "claim" | "bump";
+  mode: "claim" | "resume" | "bump";
   /** First offset to consume. */
   startOffset: number;
   /** First offset numbered by the epoch the worker works under; offsets below by older boundaries. */
@@ -402,6 +438,9 @@ export interface TakeoverPlan {
  */
 export function planTakeover(shard: ShardState, ackFloor: number): TakeoverPlan {
   const current = shard.boundaries[shard.boundaries.length - 1]!;
+  // a release: the same log under the same epoch from the offset after it; the split rules do not
+  // apply again (the owner that released had done what they ask)
+  if (!isClaimed(shard) && shard.released_offset !== undefined) return { mode: "resume", startOffset: shard.released_offset + 1, boundaryStart: current.start_offset };
   const start = processingStart(shard, ackFloor);
   if (!isClaimed(shard)) return { mode: "claim", startOffset: Math.min(start, current.start_offset), boundaryStart: current.start_offset };
   return { mode: "bump", startOffset: start, boundaryStart: Math.max(start, current.start_offset) };

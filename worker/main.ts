@@ -1,6 +1,8 @@
 /**
  * Worker process: `node worker/main.ts` (or `jetgate worker`). Reads its settings from the
- * environment (docs/config.md). SIGTERM/SIGINT: finish the batch in hand, release leases, exit 0.
+ * environment (docs/config.md). SIGTERM/SIGINT: finish the batch in hand, release every shard (its
+ * epoch in the registry, then its lease: the next owner resumes the epoch), exit 0; a shutdown that
+ * cannot finish (NATS gone) exits 1 after SHUTDOWN_LIMIT_MS, leaving its shards to be fenced.
  */
 import { hostname } from "node:os";
 import type { AddressInfo } from "node:net";
@@ -29,6 +31,9 @@ type RoutingClient = RedisClient & {
   jgRouteDrop(key: string, maxGeneration: string, ...gateways: string[]): Promise<number>;
   jgGatewaysSeen(key: string): Promise<string[]>;
 };
+
+/** The longest a SIGTERM takes: releases wait 5 s for the registry, and a drain for NATS. */
+const SHUTDOWN_LIMIT_MS = 15_000;
 
 export async function runWorker(env: Record<string, string | undefined> = process.env): Promise<void> {
   const config = loadConfig(env, "worker");
@@ -85,7 +90,12 @@ export async function runWorker(env: Record<string, string | undefined> = proces
   worker.start();
 
   const shutdown = (signal: string) => {
-    log.info({ signal }, "stopping: finishing batches, releasing leases");
+    log.info({ signal }, "stopping: finishing batches, releasing shards");
+    // below the chart's 30 s grace period: a drain that waits on a NATS that is gone must not hang
+    setTimeout(() => {
+      log.warn({ ms: SHUTDOWN_LIMIT_MS }, "shutdown did not finish in time: exiting");
+      process.exit(1);
+    }, SHUTDOWN_LIMIT_MS).unref();
     void (async () => {
       await worker.stop();
       beats.stop();

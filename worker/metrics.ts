@@ -11,7 +11,8 @@ export class WorkerMetrics {
   readonly badEntries: Counter<"shard">;
   readonly regressions: Counter<"component">;
   readonly redisRetries: Counter<"shard">;
-  readonly takeovers: Counter<"shard">;
+  readonly takeovers: Counter<"shard" | "mode">;
+  readonly releases: Counter<"shard" | "outcome">;
   readonly fenced: Counter<"shard">;
   readonly lag: Gauge<"shard">;
   readonly epoch: Gauge<"shard">;
@@ -38,7 +39,8 @@ export class WorkerMetrics {
     this.badEntries = c("jetgate_worker_bad_entries_total", "Entries with an unreadable subject or body: skipped.", ["shard"]);
     this.regressions = c("jetgate_mailbox_seq_regression_total", "A derived seq at or below the previous one (ADR-0004 release gate: must stay 0).", ["component"]);
     this.redisRetries = c("jetgate_worker_redis_retries_total", "Batches whose Redis step failed and was retried.", ["shard"]);
-    this.takeovers = c("jetgate_worker_takeovers_total", "Shards taken over by this worker (epoch bumps it wrote).", ["shard"]);
+    this.takeovers = c("jetgate_worker_takeovers_total", "Shards taken over by this worker, by mode: claim (an operation's epoch), resume (an epoch released by a planned stop) or bump (a new epoch that fences the previous owner).", ["shard", "mode"]);
+    this.releases = c("jetgate_worker_releases_total", "Planned stops of a shard (SIGTERM, rebalancing), by outcome: released (the next owner resumes the epoch), fenced (a newer epoch came first) or failed (not written: the next owner bumps).", ["shard", "outcome"]);
     this.fenced = c("jetgate_worker_fenced_total", "Times this worker stopped a shard because the registry showed a newer epoch.", ["shard"]);
     this.lag = g("jetgate_worker_lag_entries", "Entries in the shard stream this worker has not finished (not delivered yet, or delivered and waiting), read every second.");
     this.epoch = g("jetgate_shard_epoch", "Current epoch of an owned shard (review at 1000).");

@@ -27,7 +27,7 @@ import {
   isNotFound,
   logOfStream,
   newLogId,
-  processingStart,
+  planTakeover,
   registryStreamConfig,
   shardStream,
   shardStreamConfig,
@@ -145,20 +145,22 @@ export async function takeoverShard(ctx: OpsContext, shard: number): Promise<voi
   await withRegistry(ctx, async (registry, jsm) => {
     const before = activeShard(registry, shard);
     const floor = await workerAckFloor(jsm, shardStream(shard));
-    let unclaimed: number | undefined;
+    let unclaimed: ShardState | undefined;
     const written = await registry.update((state) => {
       const s = state.shards.get(shard)!;
       // decided on the state the write is based on: a worker claiming meanwhile makes this run again
       if (!isClaimed(s)) {
-        unclaimed = s.epoch;
+        unclaimed = s;
         return null;
       }
-      const current = s.boundaries[s.boundaries.length - 1]!;
-      const start = Math.max(processingStart(s, floor), current.start_offset);
+      // the same start a worker's own takeover would take (a claimed epoch: a bump)
+      const start = planTakeover(s, floor).boundaryStart;
       return { v: 1, op: "takeover", at: Date.now(), by: ctx.by, shards: [bumpEpoch(s, { cause: "takeover", start_offset: start, owner: null })] };
     });
     if (written === null) {
-      ctx.out(`shard ${shard}: epoch ${unclaimed} is not claimed by any worker yet, so there is nothing to fence; no epoch spent (the next worker to take the shard claims epoch ${unclaimed})`);
+      const u = unclaimed!;
+      const why = u.released_offset !== undefined ? `its worker released it at offset ${u.released_offset}` : "it is not claimed by any worker yet";
+      ctx.out(`shard ${shard}: epoch ${u.epoch} is free (${why}), so there is nothing to fence; no epoch spent (the next worker to take the shard claims epoch ${u.epoch})`);
       return;
     }
     const after = written.state.shards.get(shard)!;

@@ -1,14 +1,22 @@
 /**
- * Runs one owned shard: takeover (claim or epoch bump), then ordered consumption in batches.
+ * Runs one owned shard: takeover (claim, resume or epoch bump), then ordered consumption in batches,
+ * and on a planned stop the release of its epoch.
  *
  * Takeover: read the ack floor of the shard's worker consumers. An epoch an operation wrote (init,
  * `jetgate shard takeover`, split, rebuild, failover) that no worker has claimed yet is claimed: a
- * record that changes no epoch, consumed from that boundary's start. Otherwise the worker appends
+ * record that changes no epoch, consumed from that boundary's start. An epoch its owner released
+ * (below) is claimed too, consumed from the offset after the release. Otherwise the worker appends
  * the epoch bump with start_offset = floor + 1 (see planTakeover). Either record is written only if
  * the shard is still as read (optimistic concurrency: of two racing workers one wins), and only
  * after it is acknowledged does the worker create this epoch's consumer `w_<epoch>` and delete the
  * older ones. A zombie owner's fetches and acks then fail, and it also stops as soon as its
  * registry view shows the newer epoch (fencing).
+ *
+ * Release (a planned stop: SIGTERM, rebalancing): stop consuming, finish the batch in hand, then
+ * record that the epoch was given back at the last offset done. Nothing of this runner can be
+ * pushed after that record, so the next owner needs no fence: same epoch, same numbering. A release
+ * that cannot be written (NATS away, or a fence came first) leaves the epoch claimed: the next owner
+ * bumps it, as after a crash.
  *
  * Batch: Redis work for every entry (one script call per Redis node), then pushes (routed to the
  * gateways of each user, worker/push-router.ts), then one AckAll ack of the highest offset. A crash
@@ -43,12 +51,14 @@ import {
   logOfStream,
   parseEntrySubject,
   planTakeover,
+  releaseEpoch,
   shardStream,
   type Config,
   type RedisClient,
   type RegistryClient,
   type RedisKeys,
   type ShardState,
+  type TakeoverPlan,
   writeRefusal,
 } from "../protocol/index.js";
 import { planBatch, pushesOf, type BatchItem } from "./batch-step.js";
@@ -82,6 +92,12 @@ export interface RunnerDeps {
     | "JETGATE_FAULT_EXIT_AFTER"
   >;
 }
+
+const TAKEN: Record<TakeoverPlan["mode"], string> = {
+  claim: "shard taken over (claimed the epoch)",
+  resume: "shard taken over (resumed a released epoch: no epoch spent)",
+  bump: "shard taken over (a new epoch fences the previous owner)",
+};
 
 /** Retries of Redis and of the registry while they are away: 100 ms doubling to 2 s. */
 const RETRY_BACKOFF = { baseMs: 100, capMs: 2000 };
@@ -151,12 +167,12 @@ export class ShardRunner {
       this.stateValue = { type: "running", epoch };
       this.lastSeq = startOffset > 1 ? this.seqOf(epoch, startOffset - 1) : 0n;
       this.d.metrics.epoch.set(this.label, epoch);
-      this.d.metrics.takeovers.inc(this.label);
+      this.d.metrics.takeovers.inc({ ...this.label, mode });
       this.unsubscribe = this.d.registry.onChange((s) => {
         const cur = s.shards.get(this.shard);
         if (cur !== undefined && this.superseded(cur, epoch)) this.fence(cur.epoch);
       });
-      this.d.log.info({ shard: this.shard, epoch, startOffset, mode }, mode === "claim" ? "shard taken over (claimed the epoch)" : "shard taken over");
+      this.d.log.info({ shard: this.shard, epoch, startOffset, mode }, TAKEN[mode]);
       this.loop = (async () => {
         try {
           const consumer = await this.js.consumers.get(this.stream, workerConsumerName(epoch));
@@ -180,7 +196,10 @@ export class ShardRunner {
 
   private async takeover(
     jsm: JetStreamManager,
-  ): Promise<{ epoch: number; startOffset: number; boundaryStart: number; mode: "claim" | "bump" } | undefined> {
+  ): Promise<{ epoch: number; startOffset: number; boundaryStart: number; mode: TakeoverPlan["mode"] } | undefined> {
+    // the registry's head: a release written just before the lease was let go must be seen, or
+    // this would bump an epoch that is free to resume
+    await this.d.registry.sync();
     const before = this.d.registry.state.shards.get(this.shard);
     if (before === undefined || before.status !== "active") {
       this.stateValue = { type: "stopped", reason: "shard is not active in the registry" };
@@ -204,7 +223,7 @@ export class ShardRunner {
       // Someone else bumped or claimed since we looked: they own it now.
       if (s === undefined || s.epoch !== before.epoch || s.owner !== before.owner) return null;
       mine =
-        mode === "claim"
+        mode !== "bump"
           ? claimEpoch(s, this.d.workerId)
           : bumpEpoch(s, { cause: "takeover", start_offset: boundaryStart, owner: this.d.workerId });
       return { v: 1, op: "takeover", at: Date.now(), by: this.d.workerId, shards: [mine] };
@@ -220,7 +239,11 @@ export class ShardRunner {
       this.stateValue = { type: "stopped", reason: `takeover of epoch ${epoch} superseded or not applied` };
       return undefined;
     }
-    // Only now, under the acknowledged epoch: this epoch's consumer, then retire the older ones.
+    // Only now, under the acknowledged epoch: this epoch's consumer, then retire the older ones. A
+    // resumed epoch's consumer is the releaser's: made again to start after the released offset
+    // (its ack floor may lag the release by the last ack). Dying in between leaves no consumer of
+    // this epoch; the next takeover's start is then bounded by the released offset (processingStart).
+    if (mode === "resume") await jsm.consumers.delete(this.stream, workerConsumerName(epoch)).catch(() => undefined);
     await jsm.consumers.add(this.stream, {
       durable_name: workerConsumerName(epoch),
       ack_policy: AckPolicy.All,
@@ -271,6 +294,43 @@ export class ShardRunner {
   async stop(reason: string): Promise<void> {
     this.halt(reason);
     await this.loop;
+  }
+
+  /**
+   * A planned stop: stops after the batch in hand, then records that this runner's epoch is given
+   * back at the last offset done, so the next owner resumes it without a new epoch. `released`
+   * once the record is acknowledged; `fenced` when the registry no longer shows this runner as
+   * the epoch's owner; `failed` when the record could not be written within `timeoutMs` (NATS
+   * away): the epoch stays claimed and the next owner bumps it. Either way nothing more is pushed.
+   */
+  async release(reason: string, timeoutMs: number): Promise<{ outcome: "released" | "fenced" | "failed"; epoch?: number; offset: number; error?: string }> {
+    const epoch = this.epoch;
+    await this.stop(reason);
+    const offset = this.lastOffset;
+    if (epoch === undefined) return { outcome: "fenced", offset };
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      const write = this.d.registry.update((state) => {
+        const s = state.shards.get(this.shard);
+        if (s === undefined || s.epoch !== epoch || s.owner !== this.d.workerId) return null;
+        return { v: 1, op: "release", at: Date.now(), by: this.d.workerId, shards: [releaseEpoch(s, this.d.workerId, offset)] };
+      });
+      // a write that answers after the timeout must not become an unhandled rejection
+      write.catch(() => undefined);
+      const timeout = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`no answer from the registry within ${timeoutMs} ms`)), timeoutMs);
+      });
+      const written = await Promise.race([write, timeout]);
+      if (written === null) return { outcome: "fenced", epoch, offset };
+      // appended, but applied? (a registry of an older version refuses the record)
+      const now = written.state.shards.get(this.shard);
+      if (now?.epoch !== epoch || now.owner !== null || now.released_offset !== offset) return { outcome: "failed", epoch, offset, error: "the release record was not applied" };
+      return { outcome: "released", epoch, offset };
+    } catch (err) {
+      return { outcome: "failed", epoch, offset, error: (err as Error).message };
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   private isCurrent(epoch: number): boolean {

@@ -2,7 +2,10 @@
  * A worker process's shard ownership: every tick it heartbeats, renews its leases, and moves toward
  * an even share of the active shards (ceil(shards / live workers)). Which shards it prefers is
  * decided by rendezvous hashing, so each worker reaches for different shards first. A surplus shard
- * is handed back gracefully (batch finished, lease released), one per tick.
+ * is released, one per tick, and every shard when the worker stops: batch finished, the epoch given
+ * back in the registry at the last offset done, lease released, so the next owner resumes the same
+ * epoch (no bump, nothing renumbered or sent twice). A shard lost otherwise (a fence, a lost lease,
+ * NATS gone) is only let go: its next owner bumps the epoch.
  */
 import { createHash } from "node:crypto";
 import type { Logger } from "pino";
@@ -26,6 +29,9 @@ interface Trouble {
 }
 
 export type WorkerStatus = { type: "idle" } | { type: "running" } | { type: "stopping" } | { type: "stopped" };
+
+/** How long a release waits for the registry before leaving the shard to the fenced path. */
+const RELEASE_TIMEOUT_MS = 5000;
 
 function rendezvous(worker: string, shard: number): string {
   return createHash("sha256").update(`${worker}/${shard}`).digest("hex");
@@ -133,7 +139,7 @@ export class Worker {
       }
     } else if (this.runners.size > target) {
       const worst = [...this.runners.keys()].sort((a, b) => rendezvous(me, a).localeCompare(rendezvous(me, b)))[0]!;
-      await this.handBack(worst, "rebalancing");
+      await this.release(worst, "rebalancing");
     }
   }
 
@@ -251,6 +257,26 @@ export class Worker {
     await this.leases.release(shard).catch(() => undefined);
   }
 
+  /**
+   * A planned handoff: the runner stops after its batch and gives its epoch back in the registry,
+   * then the lease goes. If the release cannot be written (NATS away, a fence first) the lease goes
+   * all the same: the shard is left to the fenced path (the next owner bumps), never half-released.
+   */
+  private async release(shard: number, reason: string): Promise<void> {
+    const runner = this.runners.get(shard);
+    this.runners.delete(shard);
+    this.deps.metrics.lease.set({ shard: String(shard) }, 0);
+    if (runner !== undefined) {
+      const r = await runner.release(reason, RELEASE_TIMEOUT_MS);
+      this.deps.metrics.releases.inc({ shard: String(shard), outcome: r.outcome });
+      const at = { shard, epoch: r.epoch, offset: r.offset, reason };
+      if (r.outcome === "released") this.deps.log.info(at, "shard released: the next owner resumes its epoch");
+      else if (r.outcome === "fenced") this.deps.log.info(at, "shard not released: it was no longer this worker's epoch");
+      else this.deps.log.warn({ ...at, err: r.error }, "shard not released (the registry write failed): the next owner fences it with a new epoch");
+    }
+    await this.leases.release(shard).catch(() => undefined);
+  }
+
   private observing: Promise<void> | undefined;
   private observer: NodeJS.Timeout | undefined;
 
@@ -273,14 +299,14 @@ export class Worker {
     }
   }
 
-  /** Finishes the batches in hand, releases every lease and leaves the worker set. */
+  /** Finishes the batches in hand, releases every shard (epoch and lease) and leaves the worker set. */
   async stop(): Promise<void> {
     if (this.statusValue.type === "stopping" || this.statusValue.type === "stopped") return;
     this.statusValue = { type: "stopping" };
     clearInterval(this.timer);
     clearInterval(this.observer);
     await this.ticking;
-    for (const shard of [...this.runners.keys()]) await this.handBack(shard, "worker stopping");
+    await Promise.all([...this.runners.keys()].map((shard) => this.release(shard, "worker stopping")));
     await Promise.all(this.stopping);
     await this.leases.leave().catch(() => undefined);
     this.statusValue = { type: "stopped" };

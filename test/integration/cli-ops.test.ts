@@ -62,7 +62,7 @@ test("cli - shard takeover on an epoch no worker has claimed: nothing to fence, 
   const seq = registry.state.seq;
   const r = await runCli(infra.env, ["shard", "takeover", "1"]);
   assert.equal(r.code, 0, r.text);
-  assert.match(r.text, new RegExp(`shard 1: epoch ${s.epoch} is not claimed by any worker yet, so there is nothing to fence; no epoch spent`));
+  assert.match(r.text, new RegExp(`shard 1: epoch ${s.epoch} is free \\(it is not claimed by any worker yet\\), so there is nothing to fence; no epoch spent`));
   await registry.sync();
   assert.equal(registry.state.seq, seq, "no record");
   assert.equal(registry.state.shards.get(1)!.epoch, s.epoch);

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
-import { jetstream } from "@nats-io/jetstream";
+import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { Dispatcher, RegistryClient, shardStream, workerConsumerName } from "../../protocol/index.js";
 import { startInfra, initStack, spawnWorker, redisClient, PushCollector, DispatchLoad, type Infra, type JetgateProcess } from "../harness/stack.js";
 import { runCli } from "../harness/cli.js";
@@ -99,6 +99,64 @@ test("takeover - SIGKILL the owner mid-stream: the survivor takes over within th
       else firstSeq.set(push.entry.id, push.entry.seq);
     }
   } finally {
+    await r.close();
+  }
+});
+
+test("takeover - planned handoff: rebalancing and SIGTERM release the epoch, the next worker resumes it after the released offset; every entry pushed once, no epoch spent", async () => {
+  const r = await rig();
+  const nc = await connect({ servers: r.infra.nats.url });
+  try {
+    const epochs = () => [0, 1].map((id) => r.registry.state.shards.get(id)!.epoch);
+    // A claims both epochs alone; B joins and A releases one to it (rebalancing)
+    const [a, b] = await twoWorkers(r);
+    await r.registry.sync();
+    assert.deepEqual(epochs(), [0, 0], "the rebalancing spent no epoch");
+    assert.equal(await b.metric("jetgate_worker_takeovers_total", { mode: "resume" }), 1, "B resumed the shard A released");
+    const load = new DispatchLoad(r.dispatcher, users, { perTick: 20, everyMs: 10, prefix: "H" });
+    await sleep(500);
+    const [aShard] = await ownedShards(a) as [number];
+    assert.equal(await a.kill("SIGTERM"), 0, "A exits 0 after releasing");
+    await waitFor("B owns both shards", async () => (await ownedShards(b)).length === 2, { timeoutMs: 10_000 });
+    await sleep(500);
+    const a2 = await spawnWorker(r.infra.env, { JETGATE_WORKER_ID: "a2" });
+    r.procs.push(a2);
+    await waitFor("B and A2 hold one shard each", async () => (await ownedShards(a2)).length === 1 && (await ownedShards(b)).length === 1, { timeoutMs: 15_000 });
+    await sleep(500);
+    await load.stop();
+    await r.registry.sync();
+    assert.deepEqual(epochs(), [0, 0], "three handoffs under load, no epoch spent");
+    for (const id of [0, 1]) {
+      const s = r.registry.state.shards.get(id)!;
+      assert.equal(s.boundaries.length, 1, `shard ${id}: no boundary written`);
+      assert.ok(s.released_offset !== undefined && s.released_offset > 0, `shard ${id}: resumed after a release (${s.released_offset})`);
+    }
+    assert.equal(await b.metric("jetgate_worker_takeovers_total", { mode: "resume" }), 2, `B resumed A's shard ${aShard} after A's SIGTERM`);
+    assert.equal(await a2.metric("jetgate_worker_takeovers_total", { mode: "resume" }), 1, "A2 resumed the shard B released to it");
+    assert.equal((await b.metric("jetgate_worker_takeovers_total", { mode: "bump" })) + (await a2.metric("jetgate_worker_takeovers_total", { mode: "bump" })), 0);
+    assert.ok((await b.metric("jetgate_worker_releases_total", { outcome: "released" })) >= 1, "B released a shard to A2");
+    assert.equal(load.failed.length, 0);
+    const ids = load.allIds();
+    assert.ok(ids.length > 200, `load ran (${ids.length} entries)`);
+    await waitFor("every dispatched entry pushed", () => {
+      const pushed = new Set(r.pushes.pushes.map((p) => p.push.entry.id));
+      return ids.every((id) => pushed.has(id));
+    }, { timeoutMs: 15_000 });
+    await sleep(300);
+    const times = new Map<string, number>();
+    for (const { push } of r.pushes.pushes) times.set(push.entry.id, (times.get(push.entry.id) ?? 0) + 1);
+    const twice = [...times].filter(([id, n]) => n > 1 && id.startsWith("H"));
+    assert.deepEqual(twice, [], "nothing processed twice: each successor went on after the released offset");
+    for (const w of [b, a2]) assert.equal(await w.metric("jetgate_mailbox_seq_regression_total"), 0);
+    // one consumer per shard, the epoch's own: a resume makes it again after the released offset
+    const jsm = await jetstreamManager(nc);
+    for (const id of [0, 1]) {
+      const names: string[] = [];
+      for await (const c of jsm.consumers.list(shardStream(id))) if (c.name.startsWith("w_")) names.push(c.name);
+      assert.deepEqual(names, [workerConsumerName(0)]);
+    }
+  } finally {
+    await nc.close();
     await r.close();
   }
 });

@@ -230,6 +230,57 @@ test("registry - at one epoch the owner only goes from unclaimed to a worker: no
   assert.equal(next.shards.get(0)!.owner, null);
 });
 
+test("registry - a planned release gives the epoch back at an offset; the next worker resumes it from the offset after, no epoch spent", async () => {
+  const { claimEpoch, releaseEpoch, planTakeover, processingStart, splitShard, halfRange } = await import("../../protocol/index.js");
+  const claimed = claimEpoch(bumpEpoch(s0, { cause: "takeover", start_offset: 20, owner: null }), "w1");
+  const released = releaseEpoch(claimed, "w1", 57);
+  assert.deepEqual([released.epoch, released.owner, released.released_offset], [claimed.epoch, null, 57]);
+  assert.deepEqual(released.boundaries, claimed.boundaries, "nothing renumbered");
+  assert.throws(() => releaseEpoch(claimed, "w2", 57), /not claimed by w2 \(w1\)/, "only the owner releases");
+  assert.throws(() => releaseEpoch(released, "w1", 58), /not claimed by w1 \(unclaimed\)/, "released once");
+  // the next worker: the same epoch, from the offset after the release, whatever the consumer's floor says
+  assert.deepEqual(planTakeover(released, 50), { mode: "resume", startOffset: 58, boundaryStart: 20 });
+  assert.deepEqual(planTakeover(released, 0), { mode: "resume", startOffset: 58, boundaryStart: 20 });
+  const resumed = claimEpoch(released, "w2");
+  assert.deepEqual([resumed.epoch, resumed.owner, resumed.released_offset], [claimed.epoch, "w2", 57]);
+  // the resumer crashed before its consumer acked anything: the bump starts after the release, not at the floor
+  assert.equal(processingStart(resumed, 0), 58);
+  assert.deepEqual(planTakeover(resumed, 0), { mode: "bump", startOffset: 58, boundaryStart: 58 });
+  assert.deepEqual(planTakeover(resumed, 70), { mode: "bump", startOffset: 71, boundaryStart: 71 });
+  // a bump of any cause drops the release: it belonged to the older epoch
+  assert.equal(bumpEpoch(resumed, { cause: "takeover", start_offset: 71, owner: "w3" }).released_offset, undefined);
+  const [parent, child] = splitShard(released, { child: 5, childLog: "logS", moved: halfRange(released.range, true), cutOffset: 90 });
+  assert.deepEqual([parent.released_offset, child.released_offset], [undefined, undefined]);
+  assert.equal(planTakeover(parent, 57).mode, "claim", "after a split the split's own rules again");
+  // a released epoch of a split: the releaser did what the split asks, so the resume starts after its offset
+  const firstAfterSplit = releaseEpoch(claimEpoch(parent, "w4"), "w4", 95);
+  assert.deepEqual(planTakeover(firstAfterSplit, 95), { mode: "resume", startOffset: 96, boundaryStart: 91 });
+  // the record round-trips
+  const back = decodeRecord(encodeRecord({ v: 1, op: "release", at: 0, by: "w1", shards: [released] }));
+  assert.equal(back.shards[0]!.released_offset, 57);
+});
+
+test("registry - only the owner's release record gives a claimed epoch up, never lowering its offset or changing its boundaries", async () => {
+  const { claimEpoch, releaseEpoch } = await import("../../protocol/index.js");
+  const rec = (s: ShardState, op: RegistryRecord["op"] = "release", by = "w1"): RegistryRecord => ({ v: 1, op, at: 0, by, shards: [s] });
+  let st = applyRecord(EMPTY_REGISTRY, 1, { v: 1, op: "init", at: 0, by: "t", shards: [s0] });
+  st = applyRecord(st, 2, rec(claimEpoch(s0, "w1"), "takeover"));
+  const released = releaseEpoch(st.shards.get(0)!, "w1", 40);
+  assert.throws(() => applyRecord(st, 3, rec(released, "release", "w2")), /a release by w2, not by the owner/);
+  assert.throws(() => applyRecord(st, 3, rec(released, "takeover")), /only its owner's release may give it up/);
+  assert.throws(() => applyRecord(st, 3, rec({ ...released, released_offset: undefined })), /without the offset/);
+  const moved = { ...released, boundaries: [...released.boundaries, { ...released.boundaries[0]!, epoch: 0 }] };
+  assert.throws(() => applyRecord(st, 3, rec(moved)), /changes the log or the boundaries/);
+  assert.throws(() => applyRecord(st, 3, rec({ ...released, owner: "w2" }, "release")), /only its owner's release may give it up/, "a release hands to nobody");
+  st = applyRecord(st, 3, rec(released));
+  assert.deepEqual([st.shards.get(0)!.owner, st.shards.get(0)!.released_offset], [null, 40]);
+  // resumed by w2, then released again: the offset may not go back
+  st = applyRecord(st, 4, rec(claimEpoch(st.shards.get(0)!, "w2"), "takeover", "w2"));
+  assert.throws(() => applyRecord(st, 5, rec(releaseEpoch(st.shards.get(0)!, "w2", 39), "release", "w2")), /below the previous one \(40\)/);
+  st = applyRecord(st, 5, rec(releaseEpoch(st.shards.get(0)!, "w2", 40), "release", "w2"));
+  assert.equal(st.shards.get(0)!.epoch, 0, "two handoffs, no epoch spent");
+});
+
 test("registry - ShardMap.seqOf numbers an offset of a shard's current log as deriveSeq does", () => {
   const t = bumpEpoch(s0, { cause: "takeover", start_offset: 11, owner: "w" });
   const map = new ShardMap(applyRecord(EMPTY_REGISTRY, 1, { v: 1, op: "takeover", at: 0, by: "t", shards: [t] }));
