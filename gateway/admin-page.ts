@@ -114,7 +114,7 @@ function render(st) {
       const head = heads.get(s.shard) || { last: 0 };
       const w = workerShard.get(s.shard);
       const width = s.range.hi - s.range.lo + 1;
-      const owner = w ? w.worker : st.leases[String(s.shard)] || (s.owner === null ? "unclaimed" : s.owner || "none");
+      const owner = w ? w.worker : st.leases[String(s.shard)] || (s.owner === null ? (s.released_offset !== undefined ? "released at " + s.released_offset : "unclaimed") : s.owner || "none");
       return [
         num(s.shard), s.status, s.status === "active" ? (width / 2 ** 32 * 100).toFixed(1) + "% (" + s.range.lo.toString(16) + ".." + s.range.hi.toString(16) + ")" : "-",
         owner, num(s.epoch),

@@ -138,8 +138,10 @@ ${USAGE}`);
       }
       out(`registry at record ${registry.state.seq}: ${shards.length} shards`);
       for (const s of shards) {
-        // who works under the current epoch: unclaimed (written by an operation), or the worker
-        const owner = s.owner === null ? "unclaimed" : s.owner === undefined ? "claimed" : `claimed by ${s.owner}`;
+        // who works under the current epoch: unclaimed (written by an operation, or released by a
+        // planned stop: the next worker resumes it), or the worker
+        const released = s.released_offset !== undefined ? `, released at offset ${s.released_offset}` : "";
+        const owner = s.owner === null ? `unclaimed${released}` : s.owner === undefined ? "claimed" : `claimed by ${s.owner}${released ? ` (resumed after a release at offset ${s.released_offset})` : ""}`;
         out(`shard ${s.shard} ${s.status} range ${s.range.lo}..${s.range.hi} epoch ${s.epoch} log ${s.log} (${s.boundaries.length} boundaries, ${s.splits.length} splits; epoch ${owner})`);
         for (const b of s.boundaries) {
           out(`  epoch ${b.epoch} ${b.cause} log ${b.log} start_offset ${b.start_offset} start_seq ${seqLabel(b.start_seq)} prev_end_seq ${seqLabel(b.prev_end_seq)}`);

@@ -7,20 +7,23 @@ import assert from "node:assert/strict";
 import { scenarioOnInfra } from "../harness/faults.js";
 import { runCli } from "../harness/cli.js";
 
-test("fault E1 - a worker SIGKILLed under load: its shards are taken over at a new epoch", async () => {
-  let victimShard = 0;
-  await scenarioOnInfra((infra) => ({
+test("fault E1 - a worker SIGKILLed under load: its shards are taken over at a new epoch, exactly one each", async () => {
+  const victimShards: number[] = [];
+  const result = await scenarioOnInfra((infra) => ({
     name: "E1 worker SIGKILL",
     env: infra.env,
     duplicates: "allowed",
     fault: async (run) => {
       const victim = run.workers[0]!;
-      for (let s = 0; s < run.shardCount; s++) if ((await victim.metric("jetgate_worker_lease_held", { shard: String(s) })) === 1) victimShard = s;
+      for (let s = 0; s < run.shardCount; s++) if ((await victim.metric("jetgate_worker_lease_held", { shard: String(s) })) === 1) victimShards.push(s);
       await victim.kill("SIGKILL");
     },
     // a user of a shard the victim owned, so recovery includes the takeover
-    probeUser: (run) => run.users.find((u) => run.registry.shards.shardOf(u) === victimShard)!,
+    probeUser: (run) => run.users.find((u) => run.registry.shards.shardOf(u) === victimShards[0])!,
   }));
+  assert.ok(victimShards.length > 0, "the victim held a shard");
+  // a crash is the fence's case: one new epoch per shard it held, none for the survivor's
+  assert.equal(result.epochChanges, victimShards.length, `epochs spent: ${result.epochChanges} for ${victimShards.length} shards`);
 });
 
 test("fault E2 - `jetgate shard split` under load, with moved users online, offline and mid-catch-up", async () => {

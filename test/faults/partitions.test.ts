@@ -154,6 +154,39 @@ test("partition - a worker cut off from NATS (Redis still reached): it lets its 
   }));
 });
 
+test("partition - a worker cut off from NATS during its release (SIGTERM while cut): its shards are fenced by a new epoch, never released; 0 lost", async () => {
+  await onHost(["nats", "redis", "ops"], (infra, h) => ({
+    name: "release cut from NATS",
+    env: infra.env,
+    duplicates: "allowed", // the fence's epoch replays what the cut worker had not acked
+    hosts: { workers: [h.place] },
+    fault: async (run) => {
+      const [away, here] = [run.workers[0]!, run.workers[1]!];
+      const shards = run.shardCount;
+      const mine = await held(away, shards);
+      assert.ok(mine.length > 0, "the worker to cut holds a shard");
+      const before = new Map(mine.map((s) => [s, run.registry.state.shards.get(s)!]));
+      h.host.cut("nats");
+      const t0 = Date.now();
+      const code = await away.kill("SIGTERM");
+      const exitMs = Date.now() - t0;
+      await waitFor("the other worker holds every shard", async () => (await held(here, shards)).length === shards, { timeoutMs: 15_000, intervalMs: 100 });
+      await run.registry.sync();
+      h.host.heal("nats");
+      for (const s of mine) {
+        const was = before.get(s)!;
+        const now = run.registry.state.shards.get(s)!;
+        assert.equal(now.epoch, was.epoch + 1, `shard ${s}: fenced by exactly one new epoch`);
+        assert.equal(now.boundaries.at(-1)!.cause, "takeover");
+        assert.equal(now.released_offset, undefined, `shard ${s}: no release recorded`);
+      }
+      const said = away.output.filter((l) => l.includes("not released")).length;
+      console.log(`  release cut from NATS: the cut worker exited ${code} after ${exitMs} ms; shards ${mine.join(",")} fenced (epochs ${mine.map((s) => `${before.get(s)!.epoch}->${run.registry.state.shards.get(s)!.epoch}`).join(", ")}); ${said} "not released" warnings`);
+      assert.equal(said, mine.length, `the cut worker said each release failed:\n${away.output.slice(-10).join("\n")}`);
+    },
+  }));
+});
+
 test("partition - a worker cut off from Redis (NATS still reached): its lease expires, the takeover fences it, no push of an older epoch after a newer one", async () => {
   let collector: PushCollector | undefined;
   try {

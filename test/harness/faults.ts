@@ -298,9 +298,9 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
     run.workerPlaces = opts.hosts?.workers ?? [];
     for (let i = 0; i < (opts.workers ?? 2); i++) await run.spawnWorker();
     for (const p of run.gatewayPorts) await run.spawnGateway(p);
-    // owned and spread: the first worker takes every shard while it is alone and hands the surplus
-    // over when the others join (an epoch bump each); that must happen before the load, or the
-    // scenario's epoch count and duplicates would include it
+    // owned and spread: the first worker takes every shard while it is alone and releases the
+    // surplus when the others join (they resume its epochs); that must happen before the load, or
+    // the scenario's epoch count would include a crash's fence of a shard still moving
     await waitFor("every shard owned, spread over the workers", async () => {
       const workers = run.live(run.workers);
       const fair = Math.ceil(run.shardCount / Math.max(1, workers.length));

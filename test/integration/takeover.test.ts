@@ -135,6 +135,8 @@ test("takeover - planned handoff: rebalancing and SIGTERM release the epoch, the
     assert.equal(await a2.metric("jetgate_worker_takeovers_total", { mode: "resume" }), 1, "A2 resumed the shard B released to it");
     assert.equal((await b.metric("jetgate_worker_takeovers_total", { mode: "bump" })) + (await a2.metric("jetgate_worker_takeovers_total", { mode: "bump" })), 0);
     assert.ok((await b.metric("jetgate_worker_releases_total", { outcome: "released" })) >= 1, "B released a shard to A2");
+    const shown = await runCli(r.infra.env, ["registry", "show"]);
+    assert.equal((shown.text.match(/epoch claimed by (b|a2) \(resumed after a release at offset \d+\)\)/g) ?? []).length, 2, shown.text);
     assert.equal(load.failed.length, 0);
     const ids = load.allIds();
     assert.ok(ids.length > 200, `load ran (${ids.length} entries)`);

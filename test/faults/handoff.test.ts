@@ -1,0 +1,50 @@
+/**
+ * Planned handoffs under load (issue 28): workers restarted the way a deployment rolls them
+ * (SIGTERM, start again) release their shards' epochs and the next owner resumes them, so a
+ * routine restart spends no epoch, renumbers nothing and sends nothing twice.
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { scenarioOnInfra, type FaultRun } from "../harness/faults.js";
+import { waitFor } from "../harness/wait.js";
+
+const ROLLS = 20;
+
+/** Every shard held, none by a worker above its fair share. */
+async function spread(run: FaultRun): Promise<void> {
+  await waitFor("every shard owned, spread over the workers", async () => {
+    const workers = run.live(run.workers);
+    const fair = Math.ceil(run.shardCount / Math.max(1, workers.length));
+    let held = 0;
+    for (const w of workers) {
+      const mine = await w.metric("jetgate_worker_lease_held");
+      if (mine > fair) return false;
+      held += mine;
+    }
+    return held === run.shardCount;
+  }, { timeoutMs: 20_000, intervalMs: 100 });
+}
+
+test(`fault - ${ROLLS} rolling restarts of two workers under load (SIGTERM, start again): no epoch spent, nothing lost, nothing sent twice`, async () => {
+  let restarts = 0;
+  const result = await scenarioOnInfra((infra) => ({
+    name: `${ROLLS} rolling worker restarts`,
+    env: infra.env,
+    duplicates: "none",
+    fault: async (run) => {
+      for (let roll = 0; roll < ROLLS; roll++) {
+        // the older of the two first, as a deployment rolls its pods
+        for (let i = 0; i < 2; i++) {
+          const victim = run.live(run.workers)[0]!;
+          assert.equal(await victim.metric("jetgate_mailbox_seq_regression_total"), 0, "no regression in the worker stopping");
+          assert.equal(await victim.kill("SIGTERM"), 0, `roll ${roll}: the worker exits 0 after releasing:\n${victim.output.slice(-10).join("\n")}`);
+          await run.spawnWorker();
+          await spread(run);
+          restarts++;
+        }
+      }
+    },
+  }));
+  assert.equal(restarts, 2 * ROLLS);
+  assert.equal(result.epochChanges, 0, "no shard's epoch changed across the restarts");
+});
