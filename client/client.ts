@@ -107,6 +107,8 @@ export interface ClientStats {
   gapsFilled: number;
   reconnects: number;
   rebases: number;
+  /** CURSOR_INVALID answers: each one replays the mailbox from its start. */
+  cursorInvalid: number;
   handlerErrors: number;
   /** ADR-0004's release gate: a received seq at or below the last applied outside a rebase. */
   mailboxSeqRegressionCount: number;
@@ -158,7 +160,7 @@ function randomId(): string {
 export class JetgateClient {
   /** Where in `url` (a list) this client starts. */
   private readonly urlBase = Math.floor(Math.random() * 1024);
-  readonly stats: ClientStats = { applied: 0, duplicatesDropped: 0, gapsFilled: 0, reconnects: 0, rebases: 0, handlerErrors: 0, mailboxSeqRegressionCount: 0 };
+  readonly stats: ClientStats = { applied: 0, duplicatesDropped: 0, gapsFilled: 0, reconnects: 0, rebases: 0, cursorInvalid: 0, handlerErrors: 0, mailboxSeqRegressionCount: 0 };
   private stateValue: ClientState = { type: "idle" };
   private readonly store: CursorStore;
   private readonly WS: WebSocketFactory;
@@ -478,6 +480,7 @@ export class JetgateClient {
       return;
     }
     if (f.code === ErrorCode.CURSOR_INVALID) {
+      this.stats.cursorInvalid++;
       this.token = f.new_cursor;
       this.lastApplied = 0n;
       void this.store.clear();

@@ -17,6 +17,7 @@ import {
   decodeStoredEntry,
   deriveSeq,
   parseEntrySubject,
+  seqEpoch,
   seqOffset,
   shardStream,
   userSubjects,
@@ -28,6 +29,7 @@ import {
   WATERMARK_ALL,
   HASH_FIELDS,
   parseRoutes,
+  logOfStream,
   type CacheRow,
   type Entry,
   type MailboxSeq,
@@ -54,6 +56,8 @@ function leaderGet(jsm: JetStreamManager, stream: string, query: { last_by_subj:
 }
 
 const BOUNDS_CACHE_MS = 1000;
+/** How soon a device closed because this gateway's registry view is behind its shard's stream should come back. */
+const VIEW_BEHIND_RETRY_MS = 1000;
 /** How soon a device closed because its stream did not answer should come back. */
 const NOT_ANSWERED_RETRY_MS = 2000;
 
@@ -151,6 +155,23 @@ export class MailboxReader implements MailboxSource {
   }
 
   /**
+   * The registry view of the shard, if the stream holds the log that view numbers. Otherwise this
+   * gateway has not seen a rebuild or failover yet (the stream is already the new log): offsets read
+   * now would get the old log's seqs, which the device's next AUTH refuses (CURSOR_INVALID, a replay
+   * of the whole mailbox). The device is sent away briefly instead while the view catches up.
+   */
+  private sameLog(shard: number, streamLog: string | undefined): ShardState {
+    const s = this.shard(shard);
+    if (streamLog === undefined || streamLog === s.log) return s;
+    return this.viewBehind(shard, `its stream holds log ${streamLog}, not ${s.log}`);
+  }
+
+  private viewBehind(shard: number, what: string): never {
+    void this.registry.sync().catch(() => undefined);
+    throw new UnavailableError(`shard ${shard}: ${what} (a change this gateway's registry view has not seen yet); reconnect`, VIEW_BEHIND_RETRY_MS);
+  }
+
+  /**
    * A stream call for a shard the registry names: a stream that is not there (yet) is "not ready",
    * and a JetStream that does not answer (a burst of requests timed out, a leader moving, the
    * connection down) is "unavailable": neither is an internal error. A split records its child
@@ -176,7 +197,7 @@ export class MailboxReader implements MailboxSource {
     const bounds = (async () => {
       const info = await this.onStream(shard, async () => (await this.manager()).streams.info(shardStream(shard)));
       const first = info.state.first_seq;
-      const s = this.shard(shard);
+      const s = this.sameLog(shard, logOfStream(info));
       const trim = first <= 1 ? 0n : (deriveSeq(s, s.log, first - 1) ?? 0n);
       return { trim, lastOffset: info.state.last_seq };
     })();
@@ -260,6 +281,10 @@ export class MailboxReader implements MailboxSource {
     if (limit <= 0) return;
     const cached = await this.readCache(shard, user, after, opts.until, opts.wm?.head, limit);
     if (cached === "nothing") return;
+    // the worker writes the cache under its epoch: one this gateway's registry view has not seen
+    // yet must not reach a device under a token of the older epoch's log
+    const newest = cached.entries[cached.entries.length - 1];
+    if (newest !== undefined && seqEpoch(newest.seq) > this.shard(shard).epoch) this.viewBehind(shard, `the hot cache holds epoch ${seqEpoch(newest.seq)}`);
     for (let i = 0; i < cached.entries.length; i += pageSize) yield { entries: cached.entries.slice(i, i + pageSize), source: "cache" };
     if (cached.complete || cached.entries.length >= limit) return;
     yield* this.readStream(shard, user, cached.at, opts.until, limit - cached.entries.length, pageSize);
@@ -359,6 +384,7 @@ export class MailboxReader implements MailboxSource {
     let untilOffset;
     try {
       const info = await this.onStream(shard, () => jsm.streams.info(stream));
+      this.sameLog(shard, logOfStream(info));
       const last = info.state.last_seq;
       const startOffset = Math.max(firstOffsetAbove(s, after), info.state.first_seq);
       untilOffset = until === undefined ? last : Math.min(last, Number(seqOffset(until)));

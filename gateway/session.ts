@@ -471,7 +471,10 @@ export class Session implements HubMember {
     for (; i < pushes.length; i++) {
       const push = pushes[i]!;
       if (push.shard !== this.shard) continue;
-      if (this.state.type === "syncing") this.delivery.hold(push);
+      // held pushes go out when the catch-up ends, before anything queued on the chain; one of a
+      // newer epoch waits on the chain behind the rebase that the registry change queued, or the
+      // device would get its seq under a token of the older epoch (a CURSOR_INVALID at its next AUTH)
+      if (this.state.type === "syncing" && push.epoch <= this.epoch) this.delivery.hold(push);
       else this.enqueue(() => this.deliver(push));
     }
   }

@@ -179,6 +179,8 @@ export const envSchema = z.object({
   // gateway
   /** Test-only fault hook: AUTH waits this long after taking its registry view, before its reads. */
   JETGATE_FAULT_AUTH_PAUSE_MS: int(0, 60_000, 0),
+  /** Test-only fault hook: the gateway applies each registry record this long after it arrives (a view that lags). */
+  JETGATE_FAULT_REGISTRY_LAG_MS: int(0, 60_000, 0),
   JETGATE_GATEWAY_HOST: str("0.0.0.0"),
   JETGATE_GATEWAY_PORT: int(0, 65535, 8080),
   /** The gateway's /healthz, /readyz and /metrics: a port of their own, never the device port. */
@@ -282,6 +284,7 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       }
       if (c.JETGATE_FAULT_EXIT_AFTER !== "") problems.push("JETGATE_FAULT_EXIT_AFTER: test-only; refused when JETGATE_ENV=production");
       if (c.JETGATE_FAULT_AUTH_PAUSE_MS !== 0) problems.push("JETGATE_FAULT_AUTH_PAUSE_MS: test-only; refused when JETGATE_ENV=production");
+      if (c.JETGATE_FAULT_REGISTRY_LAG_MS !== 0) problems.push("JETGATE_FAULT_REGISTRY_LAG_MS: test-only; refused when JETGATE_ENV=production");
       if (c.JETGATE_DEMO_DIR !== undefined) problems.push("JETGATE_DEMO_DIR: the demo page hands out tokens; refused when JETGATE_ENV=production");
       const weak = c.JETGATE_ADMIN_TOKEN === undefined ? undefined : adminTokenProblem(c.JETGATE_ADMIN_TOKEN);
       if (weak !== undefined) problems.push(`JETGATE_ADMIN_TOKEN: ${weak} when JETGATE_ENV=production (make one with: openssl rand -base64 32)`);

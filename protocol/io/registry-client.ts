@@ -39,6 +39,8 @@ export interface RegistryClientOptions {
   onFollowError?: (err: unknown) => void;
   /** How long `open` waits to catch up with the stream. */
   loadTimeoutMs?: number;
+  /** Test-only (JETGATE_FAULT_REGISTRY_LAG_MS): each record is applied this long after it arrives. */
+  lagMs?: number;
 }
 
 export class RegistryClient {
@@ -122,9 +124,12 @@ export class RegistryClient {
         );
         this.messages = await consumer.consume(CONSUME_OPTIONS);
         if (this.closed) await this.messages.close();
+        const lag = this.opts.lagMs ?? 0;
         for await (const m of this.messages) {
           attempt = 0;
-          this.apply(m.seq, m.data);
+          // timers of one delay fire in the order they were set: records stay in order
+          if (lag > 0) setTimeout(() => this.apply(m.seq, m.data), lag);
+          else this.apply(m.seq, m.data);
         }
       } catch (err) {
         if (!this.closed) this.opts.onFollowError?.(err);

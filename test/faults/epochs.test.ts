@@ -66,3 +66,36 @@ test("fault E3 - `jetgate shard rebuild` under load: a new log, the old entries 
     probeUser: (run) => run.users.find((u) => run.registry.shards.shardOf(u) === 0)!,
   }));
 });
+
+test("fault E3 - rebuild under load with gateways whose registry view lags 5 s: pushes of the new log held until it arrives; no CURSOR_INVALID, no replay from the start", async () => {
+  const invalid = { before: 0, after: 0 };
+  const rebases = { before: 0, after: 0 };
+  const reasons: string[] = [];
+  await scenarioOnInfra((infra) => ({
+    name: "E3 rebuild, lagging gateways",
+    env: { ...infra.env, JETGATE_FAULT_REGISTRY_LAG_MS: "5000" },
+    duplicates: "allowed",
+    fault: async (run) => {
+      for (const g of run.gateways) invalid.before += await g.metric("jetgate_gateway_auth_outcomes_total", { case: "invalid" });
+      rebases.before = run.devices.reduce((n, d) => n + d.client.stats.rebases, 0);
+      for (const d of run.devices) d.client.on((e) => void (e.type === "cursor_invalid" && reasons.push(e.reason)));
+      const out = await runCli(run.env, ["shard", "rebuild", "0"]);
+      assert.equal(out.code, 0, out.text);
+    },
+    probeUser: (run) => run.users.find((u) => run.registry.shards.shardOf(u) === 0)!,
+    check: async (run) => {
+      let held = 0;
+      for (const g of run.live(run.gateways)) {
+        held += await g.metric("jetgate_gateway_held_pushes_total");
+        invalid.after += await g.metric("jetgate_gateway_auth_outcomes_total", { case: "invalid" });
+      }
+      rebases.after = run.devices.reduce((n, d) => n + d.client.stats.rebases, 0);
+      const cursorInvalid = run.devices.filter((d) => d.client.stats.cursorInvalid > 0).length;
+      console.log(`  lagging gateways: ${held} pushes held; AUTH invalid ${invalid.before} -> ${invalid.after}; rebases ${rebases.before} -> ${rebases.after}; devices told CURSOR_INVALID ${cursorInvalid}`);
+      assert.ok(held > 0, "pushes of the new log reached the gateways before their registry did (the case under test)");
+      assert.equal(invalid.after, invalid.before, `no AUTH answered CURSOR_INVALID: ${[...new Set(reasons)].join("; ")}`);
+      assert.equal(cursorInvalid, 0, "no device replayed its mailbox from the start");
+      assert.ok(rebases.after > rebases.before, "devices were rebased onto the new log");
+    },
+  }));
+});

@@ -257,6 +257,8 @@ export interface ScenarioOptions {
   prepare?: (run: FaultRun) => Promise<void>;
   /** The fault. Returns when the operation is done (not when devices have recovered). */
   fault: (run: FaultRun) => Promise<void>;
+  /** After every device has been checked, before the processes stop: the scenario's own assertions on them. */
+  check?: (run: FaultRun) => Promise<void>;
   /** The user whose probe entry measures recovery (default: one on the highest shard, the one faults hit). */
   probeUser?: (run: FaultRun) => string;
   /** Gateways and workers (by index) that run on hosts of their own; the rest run here. */
@@ -373,6 +375,7 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
     );
     assert.equal(regressions, 0, "mailbox_seq regressions (worker + gateway + SDK)");
     if (opts.duplicates === "none") assert.equal(duplicates, 0, "no epoch changed: no device may get an entry twice");
+    await opts.check?.(run);
     return result;
   } catch (err) {
     // what the processes logged (warn and up) is often the only clue to a failure seen once in CI

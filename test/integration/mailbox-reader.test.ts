@@ -2,6 +2,7 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { RedisKeys, WATERMARK_ALL, type Entry, type MailboxSeq } from "../../protocol/index.js";
 import { MailboxReader } from "../../gateway/mailbox-reader.js";
+import { UnavailableError } from "../../gateway/gather.js";
 import { startStack, redisClient } from "../harness/stack.js";
 import { waitFor } from "../harness/wait.js";
 
@@ -88,4 +89,28 @@ test("mailbox reader - the user's head and hot cache lost from Redis: the read i
   let pages = 0;
   for await (const _ of reader.read(shard, "nobody-here", 0n)) pages++;
   assert.equal(pages, 0);
+});
+
+test("mailbox reader - a registry view behind the stream's log (a rebuild it has not seen): no entry numbered by the old log, a retry, a sync started", async () => {
+  const real = stack.registry.state.shards.get(shard)!;
+  // the view of a gateway that has not seen a rebuild yet: the same shard on the log before it
+  const stale = { ...real, log: "logBeforeRebuild", boundaries: real.boundaries.map((b) => ({ ...b, log: "logBeforeRebuild" })) };
+  let syncs = 0;
+  const view = {
+    state: { seq: stack.registry.state.seq, shards: new Map([...stack.registry.state.shards].map(([id, s]) => [id, id === shard ? stale : s])) },
+    shards: stack.registry.shards,
+    sync: async () => void syncs++,
+  };
+  const behind = new MailboxReader(stack.nc, redis, keys, view as unknown as typeof stack.registry, ["default", "chat"]);
+  const read = async () => {
+    for await (const page of behind.read(shard, user, 0n)) assert.fail(`a page of ${page.entries.length} entries from ${page.source}`);
+  };
+  await assert.rejects(read, (err: unknown) => {
+    assert.ok(err instanceof UnavailableError, String(err));
+    assert.match(err.message, new RegExp(`shard ${shard}: its stream holds log ${real.log}, not logBeforeRebuild`));
+    assert.equal(err.retryMs, 1000);
+    return true;
+  });
+  await assert.rejects(() => behind.bounds(shard, { fresh: true }), UnavailableError, "the AUTH decision's bounds too");
+  assert.equal(syncs, 2, "each refusal starts a registry sync");
 });

@@ -523,6 +523,7 @@ test("client - CURSOR_INVALID: the stored cursor is dropped, a fresh start, the 
   client.on((e) => void (e.type === "cursor_invalid" && (told = e.reason)));
   await waitFor("applied", () => applied.length === 1);
   assert.equal(told, "bad sig");
+  assert.equal(client.stats.cursorInvalid, 1);
   assert.equal(client.cursorSeq, S(1));
 });
 

@@ -65,6 +65,7 @@ test("config - each bad value is named with its variable and reason", () => {
     [{ JETGATE_JWT_PREVIOUS_SECRET: "old" }, /^JETGATE_JWT_PREVIOUS_SECRET: needs JETGATE_JWT_SECRET/],
     [{ JETGATE_ENV: "production", JETGATE_CURSOR_KEYS: key, JETGATE_JWT_SECRET: "s", JETGATE_FAULT_EXIT_AFTER: "push" }, /^JETGATE_FAULT_EXIT_AFTER: test-only/],
     [{ JETGATE_ENV: "production", JETGATE_CURSOR_KEYS: key, JETGATE_JWT_SECRET: "s", JETGATE_FAULT_AUTH_PAUSE_MS: "100" }, /^JETGATE_FAULT_AUTH_PAUSE_MS: test-only/],
+    [{ JETGATE_ENV: "production", JETGATE_CURSOR_KEYS: key, JETGATE_JWT_SECRET: "s", JETGATE_FAULT_REGISTRY_LAG_MS: "100" }, /^JETGATE_FAULT_REGISTRY_LAG_MS: test-only/],
     [{ JETGATE_ENV: "production", JETGATE_CURSOR_KEYS: key, JETGATE_JWT_SECRET: "s", JETGATE_DEMO_DIR: "/x" }, /^JETGATE_DEMO_DIR: the demo page hands out tokens/],
   ];
   for (const [env, re] of cases) {

@@ -213,6 +213,25 @@ test("session - catch-up merged with live pushes: held while syncing, sent once 
   assert.equal(seqs.length, 11);
 });
 
+test("session - a push of a newer epoch during catch-up waits behind the rebase: never sent under the older epoch's token", async () => {
+  const r = rig();
+  for (let i = 0; i < 9; i++) r.mailbox.append(0, U);
+  const { session, t } = r.connect();
+  frame(session, { t: "AUTH", v: 1, token: U, device: "d1" });
+  await t.until((f) => f.some((x) => x.t === "AUTH_OK"), "AUTH_OK");
+  assert.equal(t.frames.some((f) => f.t === "SYNCED"), false, "still catching up");
+  // a rebuild lands, and the new log's first push with it, while the session catches up
+  r.registry.apply([bumpEpoch(shard(r, 0), { cause: "rebuild", log: "logB", start_offset: 10, prev_end_offset: 9 })], "rebuild");
+  const p = r.mailbox.appendPush(0, U);
+  assert.equal(p.epoch, 1);
+  r.hub.push(U, p);
+  await t.until(() => t.liveSeqs().includes(p.entry.seq), "the new epoch's push");
+  const rebase = t.frames.findIndex((f) => f.t === "ERROR" && f.code === ErrorCode.CURSOR_REBASED);
+  const pushed = t.frames.findIndex((f) => f.t === "MSGS" && f.e.some((e) => e.seq === p.entry.seq));
+  assert.ok(rebase >= 0 && rebase < pushed, `CURSOR_REBASED (frame ${rebase}) before the epoch-1 entry (frame ${pushed})`);
+  assert.equal(errorOf(t, ErrorCode.CURSOR_REBASED)!.new_cursor!.log, "logB");
+});
+
 test("session - a push after a lost one: the gap is filled from the mailbox first", async () => {
   const r = rig();
   r.mailbox.append(0, U);
