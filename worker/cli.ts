@@ -49,7 +49,7 @@ function intFlag(name: string, v: string | undefined, fallback: number): number 
 
 const OPERATIONS = ["shard takeover", "shard split", "shard rebuild", "replica setup"];
 
-async function operate(argv: string[], out: (line: string) => void): Promise<number> {
+async function operate(argv: string[], out: (line: string) => void, status?: (line: string) => void): Promise<number> {
   const [group, command, ...rest] = argv;
   // checked before connecting: a typo is a usage error even when NATS is away
   const known = group === "failover" ? command === undefined || command.startsWith("-") : OPERATIONS.includes(`${group} ${command}`);
@@ -67,7 +67,7 @@ async function operate(argv: string[], out: (line: string) => void): Promise<num
   if ((group === "failover" || group === "replica") && values.to === undefined) throw new UsageError(`--to <nats-url> is required\n${USAGE}`);
   // failover runs against the deployment taking over; everything else against the configured one
   const nc = await connectNats(group === "failover" ? { ...config, JETGATE_NATS_URL: values.to!.split(",") } : config, "jetgate-cli");
-  const ctx: OpsContext = { nc, settings: config, by: "cli", out };
+  const ctx: OpsContext = { nc, settings: config, by: "cli", out, ...(status !== undefined ? { status } : {}) };
   try {
     if (group === "shard" && command === "takeover") await takeoverShard(ctx, shardId(positionals[0]));
     else if (group === "shard" && command === "split") {
@@ -94,7 +94,28 @@ export class UsageError extends Error {
   override readonly name = "UsageError";
 }
 
-export async function cli(argv: string[], out: (line: string) => void = console.log): Promise<number> {
+/**
+ * Output on a terminal: a status line (a long step's progress) redrawn in place, which the next
+ * plain line replaces. `write` is the terminal's (process.stdout.write).
+ */
+export function terminal(write: (s: string) => void): { out: (line: string) => void; status: (line: string) => void } {
+  let drawn = false;
+  return {
+    out: (line) => {
+      write(`${drawn ? "\r\x1b[2K" : ""}${line}\n`);
+      drawn = false;
+    },
+    status: (line) => {
+      write(`\r\x1b[2K${line}`);
+      drawn = true;
+    },
+  };
+}
+
+/** `out`: where lines go (a test's collector); left out, stdout, with a live status line when it is a terminal. */
+export async function cli(argv: string[], given?: (line: string) => void): Promise<number> {
+  const term = given === undefined && process.stdout.isTTY === true ? terminal((s) => void process.stdout.write(s)) : undefined;
+  const out = given ?? term?.out ?? console.log;
   if (wantsHelp(argv) || argv[0] === "help") {
     out(USAGE);
     return 0;
@@ -104,7 +125,7 @@ export async function cli(argv: string[], out: (line: string) => void = console.
     await runWorker();
     return -1; // keeps running
   }
-  if (group === "shard" || group === "replica" || group === "failover") return operate(argv, out);
+  if (group === "shard" || group === "replica" || group === "failover") return operate(argv, out, term?.status);
   if (group !== "registry" || (command !== "init" && command !== "show")) {
     throw new UsageError(`${group === undefined ? "which command?" : `unknown command: ${argv.slice(0, 2).join(" ")}`}
 ${USAGE}`);

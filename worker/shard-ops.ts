@@ -49,6 +49,11 @@ export interface OpsContext {
   /** Written into registry records as `by`. */
   by: string;
   out: (line: string) => void;
+  /**
+   * On a terminal: a status line redrawn in place while a long step runs (the next `out` line
+   * replaces it). Absent (a log, a pipe): long steps say how far they are with `out` every 5 s.
+   */
+  status?: (line: string) => void;
 }
 
 
@@ -107,16 +112,31 @@ export function copyProgress(name: string, done: number, total: number, elapsedM
 }
 
 /**
+ * How a long step says how far it is: every call redraws the terminal's status line, or, without a
+ * terminal, every PROGRESS_EVERY_MS one line of output.
+ */
+export function progressReporter(ctx: Pick<OpsContext, "out" | "status">, start = Date.now()): (line: string, now?: number) => void {
+  let lastSaid = start;
+  return (line, now = Date.now()) => {
+    if (ctx.status !== undefined) ctx.status(line);
+    else if (now - lastSaid >= PROGRESS_EVERY_MS) {
+      ctx.out(line);
+      lastSaid = now;
+    }
+  };
+}
+
+/**
  * Waits until a sourcing stream has copied its source: it holds `want` messages, or its source
  * reports no lag twice in a row with nothing added in between (JetStream may drop a copy whose
  * Nats-Msg-Id repeats inside the duplicate window, so the count alone could fall short). Says how
- * far it is every 5 s (a large stream takes minutes), and gives up only when the copy stalls.
+ * far it is (a large stream takes minutes), and gives up only when the copy stalls.
  */
-async function copied(jsm: JetStreamManager, name: string, want: number, out: (line: string) => void): Promise<void> {
+async function copied(jsm: JetStreamManager, name: string, want: number, ctx: OpsContext): Promise<void> {
   const start = Date.now();
   let last = -1;
   let lastGain = start;
-  let lastSaid = start;
+  const report = progressReporter(ctx, start);
   for (;;) {
     const i = await jsm.streams.info(name);
     const n = i.state.messages;
@@ -126,10 +146,7 @@ async function copied(jsm: JetStreamManager, name: string, want: number, out: (l
     last = n;
     if (n >= want || idle) return;
     if (now - lastGain > COPY_STALL_MS) throw new OperationError(`${name}: the copy gained nothing for ${COPY_STALL_MS / 1000} s at ${n} of ${want} messages; run the command again to continue`);
-    if (now - lastSaid >= PROGRESS_EVERY_MS) {
-      out(copyProgress(name, n, want, now - start));
-      lastSaid = now;
-    }
+    report(copyProgress(name, n, want, now - start), now);
     await new Promise((r) => setTimeout(r, 400));
   }
 }
@@ -216,8 +233,10 @@ export async function splitShardOp(ctx: OpsContext, shard: number, opts: { child
     const c = state.shards.get(child)!;
     const split = c.splits[0]!;
     ctx.out(`shard ${shard}: split recorded; hashes ${moved.lo}..${moved.hi} move to shard ${child}`);
+    const pb = p.boundaries[p.boundaries.length - 1]!;
     ctx.out(`  parent epoch ${parent.epoch} -> ${p.epoch}, keeps ${p.range.lo}..${p.range.hi}; split_at_seq ${seqLabel(split.split_at_seq)}`);
-    ctx.out(`  child ${child} starts at epoch ${c.epoch}, seq ${seqLabel(split.child_start_seq)}, log ${c.log}`);
+    ctx.out(`  parent boundary: epoch ${pb.epoch} from offset ${pb.start_offset} (seq ${seqLabel(pb.start_seq)}); offsets up to ${pb.start_offset - 1} stay the parent's for moved users`);
+    ctx.out(`  child ${child} starts at epoch ${c.epoch}, seq ${seqLabel(split.child_start_seq)}, log ${c.log} (nothing is copied: the parent's worker forwards moved users' later entries)`);
   });
 }
 
@@ -306,7 +325,7 @@ export async function rebuildShard(ctx: OpsContext, shard: number): Promise<void
       if ((await streamInfo(jsm, hold)) === undefined) {
         await jsm.streams.add({ name: hold, description: `jetgate rebuild of ${name}`, storage: old.config.storage, num_replicas: old.config.num_replicas, sources: [{ name }] });
       }
-      await copied(jsm, hold, old.state.messages, ctx.out);
+      await copied(jsm, hold, old.state.messages, ctx);
       ctx.out(`stream ${hold}: holds the ${old.state.messages} messages of the old log`);
       // 4. the old stream goes; the holding stream no longer follows it
       await jsm.streams.delete(name);
@@ -326,7 +345,7 @@ export async function rebuildShard(ctx: OpsContext, shard: number): Promise<void
     if ((info.config.subjects ?? []).length === 0) {
       if (holdInfo !== undefined) {
         const want = holdInfo.state.messages;
-        await copied(jsm, name, want, ctx.out);
+        await copied(jsm, name, want, ctx);
         ctx.out(`stream ${name}: ${want} messages re-appended`);
       }
       // 6. open for appends
@@ -338,7 +357,13 @@ export async function rebuildShard(ctx: OpsContext, shard: number): Promise<void
       await jsm.streams.delete(hold);
       ctx.out(`stream ${hold}: deleted`);
     }
-    ctx.out(`shard ${shard}: rebuilt on log ${s.log} at epoch ${s.epoch}`);
+    // what changed, in one place: the epoch and log, the new boundary, the offsets the new log holds
+    const b = s.boundaries[s.boundaries.length - 1]!;
+    const prev = s.boundaries[s.boundaries.length - 2];
+    const now = await jsm.streams.info(name);
+    ctx.out(`shard ${shard}: rebuilt: epoch ${prev?.epoch ?? "?"} -> ${s.epoch}, log ${prev?.log ?? "?"} -> ${s.log}`);
+    ctx.out(`  boundary: epoch ${b.epoch} from offset ${b.start_offset} (seq ${seqLabel(b.start_seq)}), prev_end_seq ${seqLabel(b.prev_end_seq)}`);
+    ctx.out(`  stream ${name}: offsets ${now.state.first_seq}..${now.state.last_seq} (${now.state.messages} messages) on the new log`);
   });
 }
 
@@ -410,11 +435,18 @@ export async function failover(ctx: OpsContext, epochMargin: number): Promise<vo
         ctx.out(`shard ${id}: epoch -> ${s.epoch} (margin ${epochMargin}) on log ${s.log}`);
       }
     }
+    const report = progressReporter(ctx);
+    let done = 0;
     for (const [id, info] of copies) {
       const s = registry.state.shards.get(id)!;
       const cfg = shardStreamConfig(id, s.log, ctx.settings);
       await jsm.streams.update(cfg.name, { ...info.config, subjects: cfg.subjects, sources: [], description: cfg.description });
-      ctx.out(`stream ${cfg.name}: the copy (${info.state.messages} entries) is log ${s.log} and takes appends`);
+      ctx.out(`stream ${cfg.name}: the copy (${info.state.messages} entries, offsets ${info.state.first_seq}..${info.state.last_seq}) is log ${s.log} and takes appends`);
+      report(`failover: ${++done} of ${copies.size} shards switched to their copies`);
+    }
+    if (copies.size > 0) {
+      const epochs = [...copies.keys()].map((id) => `${id}@${registry.state.shards.get(id)!.epoch}`).join(" ");
+      ctx.out(`failover: ${copies.size} shards moved to new logs (shard@epoch: ${epochs}), each numbered from offset 1 of its copy; registry at record ${registry.state.seq}`);
     }
     const ingress = await ensureStream(jsm, ingressStreamConfig(ctx.settings));
     ctx.out(`stream ${ingress.info.config.name}: ${ingress.created ? "created" : "exists"}`);

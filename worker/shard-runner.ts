@@ -156,7 +156,16 @@ export class ShardRunner {
   }
 
   /** Takes the shard over and starts consuming; resolves once running (or stopped on failure). */
-  async start(): Promise<void> {
+  start(): Promise<void> {
+    this.starting = this.begin();
+    return this.starting;
+  }
+
+  /** The takeover in hand: a stop waits for it, so a runner stopped meanwhile never starts consuming. */
+  private starting: Promise<void> = Promise.resolve();
+  private stopRequested = false;
+
+  private async begin(): Promise<void> {
     try {
       const jsm = await jetstreamManager(this.d.nc);
       const taken = await this.takeover(jsm);
@@ -168,6 +177,9 @@ export class ShardRunner {
       this.lastSeq = startOffset > 1 ? this.seqOf(epoch, startOffset - 1) : 0n;
       this.d.metrics.epoch.set(this.label, epoch);
       this.d.metrics.takeovers.inc({ ...this.label, mode });
+      // stopped while taking over (a rebalancing, a SIGTERM): the epoch is this runner's, nothing
+      // processed under it; the stop (or release) that is waiting ends it here
+      if (this.stopRequested) return;
       this.unsubscribe = this.d.registry.onChange((s) => {
         const cur = s.shards.get(this.shard);
         if (cur !== undefined && this.superseded(cur, epoch)) this.fence(cur.epoch);
@@ -290,8 +302,10 @@ export class ShardRunner {
     this.messages?.stop();
   }
 
-  /** Stops after the batch in hand; resolves when the loop has ended. */
+  /** Stops after the takeover and the batch in hand; resolves when the loop has ended. */
   async stop(reason: string): Promise<void> {
+    this.stopRequested = true;
+    await this.starting;
     this.halt(reason);
     await this.loop;
   }
@@ -304,6 +318,8 @@ export class ShardRunner {
    * away): the epoch stays claimed and the next owner bumps it. Either way nothing more is pushed.
    */
   async release(reason: string, timeoutMs: number): Promise<{ outcome: "released" | "fenced" | "failed"; epoch?: number; offset: number; error?: string }> {
+    this.stopRequested = true;
+    await this.starting;
     const epoch = this.epoch;
     await this.stop(reason);
     const offset = this.lastOffset;

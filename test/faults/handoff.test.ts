@@ -29,7 +29,8 @@ test(`fault - ${ROLLS} rolling restarts of two workers under load (SIGTERM, star
   let restarts = 0;
   const result = await scenarioOnInfra((infra) => ({
     name: `${ROLLS} rolling worker restarts`,
-    env: infra.env,
+    // 2 s leases: a lease that lapses on a loaded machine is rightly a fence, not the handoff under test
+    env: { ...infra.env, JETGATE_LEASE_MS: "2000" },
     duplicates: "none",
     fault: async (run) => {
       for (let roll = 0; roll < ROLLS; roll++) {

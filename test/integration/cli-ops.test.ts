@@ -124,6 +124,7 @@ test("cli - shard split: a run that stopped after the registry write is finished
   // what it changed, seqs with their epoch:offset
   assert.match(again.text, /parent epoch \d+ -> \d+, keeps \d+\.\.\d+; split_at_seq \d+ \(\d+:\d+\)/);
   assert.match(again.text, /child 6 starts at epoch \d+, seq \d+ \(\d+:1\), log \S+/);
+  assert.match(again.text, /parent boundary: epoch \d+ from offset \d+ \(seq \d+ \(\d+:\d+\)\); offsets up to \d+ stay the parent's for moved users/);
   assert.ok((await jsm.streams.info(shardStream(6))).config.subjects?.includes(shardSubjects(6)));
 });
 
@@ -206,6 +207,11 @@ test("cli - shard rebuild: a new log holding the old entries in order; a crashed
   let info = await jsm.streams.info(shardStream(1));
   assert.equal(logOfStream(info), s.log);
   assert.equal(info.state.messages, old.state.messages, "every old entry re-appended");
+  // at the end it says what changed: epoch and log, the boundary, the offsets the new log holds
+  const was = s.boundaries.at(-2)!;
+  assert.match(r.text, new RegExp(`shard 1: rebuilt: epoch ${was.epoch} -> ${s.epoch}, log ${was.log} -> ${s.log}`));
+  assert.match(r.text, new RegExp(`boundary: epoch ${s.epoch} from offset 1 \\(seq \\d+ \\(${s.epoch}:1\\)\\), prev_end_seq \\d+ \\(${was.epoch}:${old.state.last_seq}\\)`));
+  assert.match(r.text, new RegExp(`stream ${shardStream(1)}: offsets 1\\.\\.${old.state.messages} \\(${old.state.messages} messages\\) on the new log`));
   assert.equal(info.state.first_seq, 1, "offsets restart at 1");
   const first = await jsm.streams.getMessage(shardStream(1), { seq: 1 });
   assert.equal(first?.subject, entrySubject(1, "u0", "default"));

@@ -20,8 +20,8 @@ interface Rig {
 
 const users = Array.from({ length: 40 }, (_, i) => `u${i}`);
 
-async function rig(): Promise<Rig> {
-  const infra = await startInfra({ JETGATE_LEASE_MS: String(LEASE_MS) });
+async function rig(leaseMs = LEASE_MS): Promise<Rig> {
+  const infra = await startInfra({ JETGATE_LEASE_MS: String(leaseMs) });
   await initStack(infra.env);
   const nc = await connect({ servers: infra.nats.url });
   const registry = await RegistryClient.open(nc);
@@ -104,7 +104,9 @@ test("takeover - SIGKILL the owner mid-stream: the survivor takes over within th
 });
 
 test("takeover - planned handoff: rebalancing and SIGTERM release the epoch, the next worker resumes it after the released offset; every entry pushed once, no epoch spent", async () => {
-  const r = await rig();
+  // leases of 3 s: a 1 s lease can lapse on a machine this loaded (the suite runs two files at
+  // once), and a lapsed lease is rightly a fence, not the handoff under test
+  const r = await rig(3000);
   const nc = await connect({ servers: r.infra.nats.url });
   try {
     const epochs = () => [0, 1].map((id) => r.registry.state.shards.get(id)!.epoch);
@@ -112,7 +114,8 @@ test("takeover - planned handoff: rebalancing and SIGTERM release the epoch, the
     const [a, b] = await twoWorkers(r);
     await r.registry.sync();
     assert.deepEqual(epochs(), [0, 0], "the rebalancing spent no epoch");
-    assert.equal(await b.metric("jetgate_worker_takeovers_total", { mode: "resume" }), 1, "B resumed the shard A released");
+    const said = () => [...a.output, ...b.output].slice(-20).join("\n");
+    assert.equal(await b.metric("jetgate_worker_takeovers_total", { mode: "resume" }), 1, `B resumed the shard A released; the workers said:\n${said()}`);
     const load = new DispatchLoad(r.dispatcher, users, { perTick: 20, everyMs: 10, prefix: "H" });
     await sleep(500);
     const [aShard] = await ownedShards(a) as [number];
@@ -131,7 +134,7 @@ test("takeover - planned handoff: rebalancing and SIGTERM release the epoch, the
       assert.equal(s.boundaries.length, 1, `shard ${id}: no boundary written`);
       assert.ok(s.released_offset !== undefined && s.released_offset > 0, `shard ${id}: resumed after a release (${s.released_offset})`);
     }
-    assert.equal(await b.metric("jetgate_worker_takeovers_total", { mode: "resume" }), 2, `B resumed A's shard ${aShard} after A's SIGTERM`);
+    assert.equal(await b.metric("jetgate_worker_takeovers_total", { mode: "resume" }), 2, `B resumed A's shard ${aShard} after A's SIGTERM; the workers said:\n${said()}`);
     assert.equal(await a2.metric("jetgate_worker_takeovers_total", { mode: "resume" }), 1, "A2 resumed the shard B released to it");
     assert.equal((await b.metric("jetgate_worker_takeovers_total", { mode: "bump" })) + (await a2.metric("jetgate_worker_takeovers_total", { mode: "bump" })), 0);
     assert.ok((await b.metric("jetgate_worker_releases_total", { outcome: "released" })) >= 1, "B released a shard to A2");
