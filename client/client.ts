@@ -14,6 +14,7 @@
  *   is the range's shard's, so a connection lost inside a range resumes it.
  */
 import {
+  CloseCode,
   DeviceClose,
   ErrorCode,
   decodeServerFrame,
@@ -58,6 +59,14 @@ export class JetgateClientError extends Error {
 }
 
 /** The server closed for good (replaced by a newer session of this device, 4409). */
+/** A send that was pending when the backend signed the user or device out. */
+export class SignedOutError extends JetgateClientError {
+  override readonly name = "SignedOutError";
+  constructor(reason: string) {
+    super("SIGNED_OUT", `signed out: ${reason}`);
+  }
+}
+
 export class SessionReplacedError extends JetgateClientError {
   override readonly name = "SessionReplacedError";
   constructor() {
@@ -119,6 +128,10 @@ export type ClientEvent =
   | { type: "synced"; seq: MailboxSeq }
   | { type: "rebased"; replayFrom: MailboxSeq; cursor: CursorToken }
   | { type: "cursor_invalid"; reason: string }
+  /** The backend signed this user or device out (close 4403): the client has stopped; sign in again and start a new one. */
+  | { type: "signed_out"; reason: string }
+  /** The backend asked for a reconnect (close 4300, e.g. to pick up a new token): the client reconnects at once, calling `token()` again. */
+  | { type: "reconnect_requested"; reason: string }
   | { type: "handler_error"; entry: Entry; error: unknown }
   | { type: "error"; frame: ErrorFrame }
   | { type: "closed"; code: number; reason: string };
@@ -323,11 +336,18 @@ export class JetgateClient {
     this.teardown();
     this.emit({ type: "closed", code, reason });
     if (this.stateValue.type === "closed") return;
+    if (code === CloseCode.SIGNED_OUT) this.emit({ type: "signed_out", reason });
     if (!shouldReconnect(code)) {
-      this.setState({ type: "closed", reason: `server closed with ${code}` });
-      for (const s of this.sends.values()) s.reject(new SessionReplacedError());
+      this.setState({ type: "closed", reason: code === CloseCode.SIGNED_OUT ? `signed out: ${reason}` : `server closed with ${code}` });
+      for (const s of this.sends.values()) s.reject(code === CloseCode.SIGNED_OUT ? new SignedOutError(reason) : new SessionReplacedError());
       this.sends.clear();
       return;
+    }
+    if (code === CloseCode.RECONNECT_NOW) {
+      // asked for by the backend: at once, and from the first backoff step if that fails
+      this.emit({ type: "reconnect_requested", reason });
+      this.attempt = 0;
+      this.nextDelayOverride = 0;
     }
     this.scheduleReconnect();
   }

@@ -38,6 +38,8 @@ export interface DeviceClaims {
   device: string | undefined;
   /** Expiry, ms since the epoch. */
   expiresAt: number;
+  /** `iat`, whole seconds since the epoch; undefined when the token has none (revocations: gateway/revocations.ts). */
+  issuedAt: number | undefined;
 }
 
 export interface TokenVerifier {
@@ -110,7 +112,7 @@ export async function tokenVerifier(opts: {
       if (p !== undefined) throw new TokenError(`token sub: user id ${p}`);
       const dev = payload.dev;
       if (dev !== undefined && idProblem("device", dev) !== undefined) throw new TokenError("token dev claim is not a valid device id");
-      return { user: user!, device: dev as string | undefined, expiresAt };
+      return { user: user!, device: dev as string | undefined, expiresAt, issuedAt: payload.iat === undefined ? undefined : Math.floor(payload.iat) };
     },
   };
 }

@@ -32,6 +32,9 @@ import { MailboxReader } from "./mailbox-reader.js";
 import type { SessionPorts } from "./ports.js";
 import { GatewayMetrics } from "./metrics.js";
 import { Presence } from "./presence.js";
+import { ControlHandler } from "./control.js";
+import { RevocationStore, Revocations } from "./revocations.js";
+import type { UsersApiDeps } from "./users-api.js";
 import { NatsPushSource } from "./push-source.js";
 import { RouteTable } from "./routes.js";
 import { startServer } from "./server.js";
@@ -40,6 +43,8 @@ import { SessionRegistry } from "./sessions.js";
 import { loadUws } from "./uws.js";
 
 const DRAIN_WAVES = 10;
+/** Revocations are read from Redis again this often (a NATS message a gateway missed is picked up). */
+const REVOCATIONS_RELOAD_MS = 30_000;
 
 export async function runGateway(env: Record<string, string | undefined> = process.env): Promise<void> {
   const config = loadConfig(env);
@@ -68,6 +73,20 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   routes.start();
   const presence = new Presence(redis, keys, nc, gatewayId, (k) => sessions.kick(k.user, k.device, k.session));
   presence.start();
+  // revocations: read from Redis before the first AUTH is let through, then every 30 s; new ones
+  // arrive over NATS at once (gateway/control.ts)
+  const revocations = new Revocations();
+  const revocationStore = new RevocationStore(redis, keys);
+  const loadRevocations = () =>
+    revocationStore.read().then(
+      (list) => revocations.load(list, Date.now()),
+      (err: unknown) => log.warn({ err: (err as Error).message, loaded: revocations.loaded }, "cannot read token revocations from Redis (the ones this gateway knows still apply)"),
+    );
+  await loadRevocations();
+  const revocationTimer = setInterval(() => void loadRevocations(), REVOCATIONS_RELOAD_MS);
+  revocationTimer.unref();
+  const control = new ControlHandler(nc, gatewayId, sessions, revocations, log);
+  control.start();
   const js = jetstream(nc);
   const mailbox = new MailboxReader(nc, redis, keys, registry, config.JETGATE_LANES);
   sessions.startTailChecks(config.JETGATE_TAIL_CHECK_S, (users) => mailbox.cachedHeads(users));
@@ -75,6 +94,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
     config,
     log,
     metrics,
+    revocations: { ready: () => revocations.loaded, revoked: (u, d, iat, now) => revocations.revoked(u, d, iat, now) },
     tokens: await tokenVerifier({ secret: config.JETGATE_JWT_SECRET, previousSecret: config.JETGATE_JWT_PREVIOUS_SECRET, publicKeysFile: config.JETGATE_JWT_PUBLIC_KEYS_FILE, maxLifetimeS: config.JETGATE_JWT_MAX_LIFETIME_S }),
     cursors: cursorSigner(config.JETGATE_CURSOR_KEYS),
     registry,
@@ -99,6 +119,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       if (draining) p.push("draining");
       p.push(...health.problems());
       if (registry.state.shards.size === 0) p.push("registry");
+      if (!revocations.loaded) p.push("revocations");
       return p;
     },
     detail: () => health.detail(),
@@ -106,7 +127,8 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   const stats = answerStats(nc, { kind: "gateway", id: gatewayId, regressions: metrics.regressions, health, extra: () => ({ connections: sessions.all.size }) }, config.JETGATE_OPS_KEY);
   let jsm: Promise<JetStreamManager> | undefined;
   const admin = { gatewayId, nc, jsm: () => (jsm ??= jetstreamManager(nc)), redis, keys, registry, opsKeys: config.JETGATE_OPS_KEY };
-  const server = await startServer(uws, config, ctx, dispatcher, () => health.problems(), admin);
+  const usersApi: UsersApiDeps = { config, nc, redis, keys, revocationStore, registry, mailbox, metrics };
+  const server = await startServer(uws, config, ctx, dispatcher, () => health.problems(), admin, usersApi);
   log.info({ port: server.port, opsPort: (ops.address() as AddressInfo).port, native }, "gateway listening");
 
   const shutdown = (signal: string) => {
@@ -127,6 +149,8 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       ops.close();
       dispatcher.close();
       presence.stop();
+      control.stop();
+      clearInterval(revocationTimer);
       routes.stop();
       health.stop();
       stats.unsubscribe();

@@ -26,6 +26,7 @@ export class GatewayMetrics {
   readonly closes: Counter<"code">;
   readonly regressions: Counter<"component">;
   readonly dispatchRequests: Counter<"status">;
+  readonly usersApiRequests: Counter<"path" | "status">;
   readonly refusedUpgrades: Counter<"reason">;
   readonly tailFills: Counter;
   readonly devicesEvicted: Counter;
@@ -44,7 +45,7 @@ export class GatewayMetrics {
     this.framesOut = c("jetgate_gateway_frames_out_total", "Frames sent to devices, by type.", ["type"]);
     this.bytesIn = c("jetgate_gateway_bytes_in_total", "Bytes received from devices.");
     this.bytesOut = c("jetgate_gateway_bytes_out_total", "Bytes sent to devices.");
-    this.authOutcomes = c("jetgate_gateway_auth_outcomes_total", "AUTH answers by case (fresh, normal, rebased, rebased_new_log, split, expired, invalid, unauthorized, timeout, too_many_connections, registry_unavailable).", ["case"]);
+    this.authOutcomes = c("jetgate_gateway_auth_outcomes_total", "AUTH answers by case (fresh, normal, rebased, rebased_new_log, split, expired, invalid, unauthorized, revoked, timeout, too_many_connections, registry_unavailable).", ["case"]);
     this.midSessionRebases = c("jetgate_gateway_mid_session_rebases_total", "CURSOR_REBASED sent to live sessions after a registry change.", ["case"]);
     // entries per MSGS frame = entries_sent / frames_out{type="MSGS"} (PULL replies are not counted here)
     this.entriesSent = c("jetgate_gateway_entries_sent_total", "Entries sent to devices in catch-up and live MSGS frames.");
@@ -62,6 +63,7 @@ export class GatewayMetrics {
     this.rateLimited = c("jetgate_gateway_rate_limited_total", "Frames refused by rate limits.");
     this.closes = c("jetgate_gateway_closes_total", "Connections closed by the gateway, by close code.", ["code"]);
     this.regressions = c("jetgate_mailbox_seq_regression_total", "A seq to send at or below the last sent on its connection: dropped (must stay 0).", ["component"]);
+    this.usersApiRequests = c("jetgate_gateway_users_api_requests_total", "Users API requests (disconnect, revoke, presence, mailbox) by route and HTTP status.", ["path", "status"]);
     this.dispatchRequests = c("jetgate_gateway_dispatch_requests_total", "POST /v1/dispatch requests by HTTP status.", ["status"]);
     this.refusedUpgrades = c("jetgate_gateway_refused_upgrades_total", "WebSocket upgrades refused before a session, by reason (per_ip, dependency).", ["reason"]);
     this.tailFills = c("jetgate_gateway_tail_fills_total", "Live sessions found behind their user's head, and filled: by the periodic tail check (a lost last push), or after their user's route was registered again (Redis had lost it).");

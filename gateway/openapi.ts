@@ -8,6 +8,7 @@ import { z } from "zod";
 import { MAX_RECIPIENTS, ReadyzSchema } from "../protocol/index.js";
 // a cycle (it uses this module's helpers): only this module may import it
 import { ADMIN_OPENAPI } from "./admin-openapi.js";
+import { USERS_OPENAPI } from "./users-openapi.js";
 import {
   DispatchAnswerSchema,
   DispatchBatchAnswerSchema,
@@ -39,7 +40,7 @@ export interface OpenApiExtension {
 }
 
 /** Extensions every served and written document includes (the admin API's goes here). */
-export const OPENAPI_EXTENSIONS: readonly OpenApiExtension[] = [ADMIN_OPENAPI];
+export const OPENAPI_EXTENSIONS: readonly OpenApiExtension[] = [USERS_OPENAPI, ADMIN_OPENAPI];
 
 // helpers are function declarations: an extension's module may import them while this one imports it
 export function ref(name: string): { $ref: string } {
@@ -204,7 +205,7 @@ export function buildOpenApi(extensions: readonly OpenApiExtension[] = []): Open
     info: {
       title: "jetgate gateway HTTP API",
       version: "v1",
-      description: "Backends append entries over the device port; health and metrics answer on the operations port. Devices use the WebSocket protocol on GET /v1/ws (docs/protocol.md), not described here.",
+      description: "Backends append entries and ask about users (end sessions, revoke tokens, presence, mailbox position) over the device port; health and metrics answer on the operations port. Devices use the WebSocket protocol on GET /v1/ws (docs/protocol.md), not described here.",
     },
     servers: [
       {

@@ -75,6 +75,14 @@ export interface TokenPort {
   verify(token: string): Promise<DeviceClaims>;
 }
 
+/** Token revocations, as this gateway knows them (gateway/revocations.ts). */
+export interface RevocationPort {
+  /** False until the list was read from Redis once: every AUTH is refused until then (fail closed). */
+  ready(): boolean;
+  /** Whether a token of `user` used by `device`, issued at `iat` (s; undefined: none), is revoked. */
+  revoked(user: string, device: string, iat: number | undefined, now: number): boolean;
+}
+
 /** What the hub (the gateway's set of sessions) knows of a session. */
 export interface HubMember {
   readonly id: string;
@@ -82,6 +90,8 @@ export interface HubMember {
   readonly device: string;
   readonly shard: number;
   readonly authAt: number;
+  /** `iat` of the session's token (the last REFRESH's), whole seconds; undefined when it has none. */
+  readonly issuedAt: number | undefined;
   close(code: number, reason?: string): void;
   /** Live pushes of this user, in order (those of one batch together). */
   onPushes(pushes: readonly Push[]): void;
@@ -136,6 +146,7 @@ export interface SessionPorts {
   log: Logger;
   metrics: GatewayMetrics;
   tokens: TokenPort;
+  revocations: RevocationPort;
   cursors: CursorSigner;
   registry: RegistryView;
   mailbox: MailboxSource;

@@ -1,6 +1,7 @@
 /**
  * The uWS adapter: WebSocket sessions on `/v1/ws` and `POST /v1/dispatch` (and its batch form,
- * `/v1/dispatch/batch`) on the device port, its OpenAPI document at `GET /v1/openapi.json`, and
+ * `/v1/dispatch/batch`) on the device port, the users API (`/v1/users/...`, `/v1/presence`:
+ * gateway/users-api.ts), its OpenAPI document at `GET /v1/openapi.json`, and
  * nothing else but the development demo page (health and metrics have a listener of their own,
  * protocol/io/ops-http.ts). The only file that touches uWS objects.
  *
@@ -24,6 +25,7 @@ import { BATCH_SHAPE, DispatchShapeGuard, SINGLE_SHAPE, maxDispatchBodyBytes, pa
 import { openApiJson } from "./openapi.js";
 import { bearerMatches } from "./bearer.js";
 import { serveAdmin, type AdminSource } from "./admin.js";
+import { serveUsersApi, type UsersApiDeps } from "./users-api.js";
 import type { SessionPorts, Transport } from "./ports.js";
 import { Session } from "./session.js";
 
@@ -76,6 +78,8 @@ export function startServer(
   unavailable: () => string[] = () => [],
   /** The operator console's sources (gateway/admin.ts); its routes answer 404 without JETGATE_ADMIN_TOKEN. */
   admin?: AdminSource,
+  /** The users API (gateway/users-api.ts): disconnect, revoke, presence, mailbox position. */
+  usersApi?: UsersApiDeps,
 ): Promise<GatewayServer> {
   const app = uws.App();
   let upgrades = true;
@@ -156,6 +160,7 @@ export function startServer(
   app.get("/v1/openapi.json", (res) => void res.writeHeader("content-type", "application/json").end(openapi));
   if (config.JETGATE_DEMO_DIR !== undefined && config.JETGATE_ENV === "development") serveDemo(app, config, config.JETGATE_DEMO_DIR);
   if (admin !== undefined) serveAdmin(app, config, admin, clientAddress);
+  if (usersApi !== undefined) serveUsersApi(app, usersApi);
   app.any("/*", (res) => void res.writeStatus("404 Not Found").end("not found\n"));
 
   return new Promise((resolve, reject) => {

@@ -90,6 +90,7 @@ export class Session implements HubMember {
   log = "";
   /** When the AUTH frame arrived (ms): of two sessions of one device, the later AUTH wins. */
   authAt = 0;
+  issuedAt: number | undefined;
   private delivery = new Delivery(undefined, MAX_HELD_PUSHES);
   private chain: Promise<void> = Promise.resolve();
   private pendingSteps = 0;
@@ -323,6 +324,16 @@ export class Session implements HubMember {
       this.fail(Disconnect.UNAUTHORIZED, "token is bound to another device");
       return false;
     }
+    if (!this.p.revocations.ready()) {
+      this.p.metrics.authOutcomes.inc({ case: "registry_unavailable" });
+      this.fail(Disconnect.UNAVAILABLE, "token revocations not loaded yet: reconnect");
+      return false;
+    }
+    if (this.p.revocations.revoked(claims.user, frame.device, claims.issuedAt, Date.now())) {
+      this.p.metrics.authOutcomes.inc({ case: "revoked" });
+      this.fail(Disconnect.UNAUTHORIZED, "token revoked");
+      return false;
+    }
     if (this.p.hub.countForUser(claims.user) >= this.p.config.JETGATE_MAX_CONNS_PER_USER) {
       this.p.metrics.authOutcomes.inc({ case: "too_many_connections" });
       this.fail(Disconnect.RATE_LIMITED, "too many connections for this user");
@@ -332,6 +343,7 @@ export class Session implements HubMember {
     this.device = frame.device;
     this.delivery = new Delivery(frame.lanes ? new Set(frame.lanes) : undefined, MAX_HELD_PUSHES);
     this.armExpiry(claims.expiresAt);
+    this.issuedAt = claims.issuedAt;
     // The route is in Redis before the mailbox is read (gateway/routes.ts): what the worker does
     // after it is routed here, what it did before is in the read. Beside the claim: one round trip.
     this.routeHeld = true;
@@ -343,6 +355,12 @@ export class Session implements HubMember {
     if (this.closed) return false;
     this.p.hub.add(this);
     if (this.closed) return false; // a newer session of the device is here already
+    // a revocation that came in while this AUTH claimed its presence found no session to end
+    if (this.p.revocations.revoked(this.user, this.device, this.issuedAt, Date.now())) {
+      this.p.metrics.authOutcomes.inc({ case: "revoked" });
+      this.fail(Disconnect.UNAUTHORIZED, "token revoked");
+      return false;
+    }
     clearTimeout(this.authTimer);
     this.authTimer = undefined; // a cleared Timeout still held is 120 bytes per idle session
     return true;
@@ -641,6 +659,10 @@ export class Session implements HubMember {
       this.p.metrics.authOutcomes.inc({ case: "unauthorized" });
       return this.fail(Disconnect.UNAUTHORIZED, "refresh token is for another user or device");
     }
+    if (this.p.revocations.revoked(this.user, this.device, claims.issuedAt, Date.now())) {
+      this.p.metrics.authOutcomes.inc({ case: "revoked" });
+      return this.fail(Disconnect.UNAUTHORIZED, "refresh refused: token revoked");
+    }
     // Verification allows a few seconds of clock skew; a REFRESH must not set an expiry in the past
     // (it answered REFRESH_OK, then closed with 4401 a moment later)
     if (claims.expiresAt <= Date.now()) {
@@ -648,6 +670,7 @@ export class Session implements HubMember {
       return this.fail(Disconnect.UNAUTHORIZED, "refresh refused: the token has expired");
     }
     this.armExpiry(claims.expiresAt);
+    this.issuedAt = claims.issuedAt;
     this.send({ t: "REFRESH_OK", ...(frame.id !== undefined ? { id: frame.id } : {}), exp: claims.expiresAt });
   }
 

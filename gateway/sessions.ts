@@ -112,6 +112,29 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     if (u.sessions.length === 0) this.users.delete(s.user);
   }
 
+  /**
+   * Ends the user's sessions here (one device's when `device` is given; with `issuedBefore`, only
+   * those whose token was issued before it, or has no `iat`: a revocation) with `code`. Returns
+   * how many it closed.
+   */
+  end(user: string, code: number, reason: string, opts: { device?: string; issuedBefore?: number } = {}): number {
+    let n = 0;
+    for (const s of this.users.get(user)?.sessions ?? []) {
+      if (opts.device !== undefined && s.device !== opts.device) continue;
+      if (opts.issuedBefore !== undefined && s.issuedAt !== undefined && s.issuedAt >= opts.issuedBefore) continue;
+      s.close(code, reason);
+      n++;
+    }
+    return n;
+  }
+
+  /** The live sessions of these users here: device and AUTH time of each. */
+  present(users: readonly string[]): { user: string; device: string; since: number }[] {
+    const out: { user: string; device: string; since: number }[] = [];
+    for (const user of users) for (const s of this.users.get(user)?.sessions ?? []) out.push({ user, device: s.device, since: s.authAt });
+    return out;
+  }
+
   /** A kick from another gateway (or this one): close that exact session with 4409. */
   kick(user: string, device: string, session: string): void {
     const s = this.byDevice.get(`${user}/${device}`);

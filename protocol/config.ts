@@ -195,6 +195,8 @@ export const envSchema = z.object({
   /** Signs the processes' answers on jetgate.ops.stats; the console takes only signed ones when set. */
   JETGATE_OPS_KEY: keyList,
   JETGATE_SERVICE_TOKEN: optionalStr,
+  /** Requests per second (and burst) this gateway takes on the users API (/v1/users/..., /v1/presence). */
+  JETGATE_USERS_API_RATE_PER_S: int(1, 100_000, 200),
   /** Turns the operator console on (`/admin/`, read-only) and is the bearer token it needs. */
   JETGATE_ADMIN_TOKEN: optionalStr.pipe(z.string().min(16, "must be at least 16 characters").optional()),
   JETGATE_AUTH_TIMEOUT_MS: int(100, 120_000, 5000),

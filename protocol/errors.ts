@@ -33,8 +33,12 @@ export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
 
 /** WebSocket close codes, with the reason text sent along. */
 export const CloseCode = {
+  /** The backend asked the device to reconnect now (e.g. to pick up a new token): no backoff. */
+  RECONNECT_NOW: 4300,
   BAD_FRAME: 4400,
   UNAUTHENTICATED: 4401,
+  /** The backend signed the user (or device) out: the device must not reconnect on its own. */
+  SIGNED_OUT: 4403,
   SLOW_CONSUMER: 4408,
   REPLACED: 4409,
   TOO_LARGE: 4413,
@@ -46,8 +50,10 @@ export const CloseCode = {
 export type CloseCode = (typeof CloseCode)[keyof typeof CloseCode];
 
 export const closeReasons: Readonly<Record<CloseCode, string>> = {
+  4300: "reconnect now",
   4400: "bad frame",
   4401: "unauthenticated or auth timeout",
+  4403: "signed out: do not reconnect",
   4408: "slow consumer: resume by cursor",
   4409: "replaced by a newer session of this device",
   4413: "frame too large",
@@ -88,9 +94,9 @@ export const DeviceClose = {
   CONNECT_TIMEOUT: { code: 4003, reason: "no AUTH_OK in time" },
 } as const satisfies Record<string, { code: number; reason: string }>;
 
-/** Whether a device should reconnect after this close code (all but a replaced session). */
+/** Whether a device should reconnect after this close code (all but a replaced session and a sign-out). */
 export function shouldReconnect(code: number): boolean {
-  return code !== CloseCode.REPLACED;
+  return code !== CloseCode.REPLACED && code !== CloseCode.SIGNED_OUT;
 }
 
 /** Base class of jetgate's named errors: `name` is the class name, `code` is machine-readable. */

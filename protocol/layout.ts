@@ -87,6 +87,16 @@ export class RedisKeys {
     return `${this.prefix}:{gateways}`;
   }
 
+  /**
+   * Token revocations of every user: field `u:<user>` (all the user's tokens) or
+   * `d:<user>:<device>` (one device's), value `<issued_before s>/<expires ms>`. One small hash that
+   * every gateway loads at start and again every 30 s (and hears of changes over NATS), so AUTH
+   * and REFRESH check revocations in memory; fields past their expiry are pruned by each write.
+   */
+  revocations(): string {
+    return `${this.prefix}:{revocations}`;
+  }
+
   /** Sorted set of live workers, scored by the expiry of their heartbeat. */
   workers(): string {
     return `${this.prefix}:{workers}`;
@@ -425,6 +435,27 @@ return 0
 `;
 
 /**
+ * Records a revocation, keeping the later `issued_before` of the two, and prunes expired fields.
+ * KEYS: revocations; ARGV: field, issued_before (s), expires (ms), now (ms). Returns the value kept.
+ */
+export const REVOKE_LUA = `
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local exp = tonumber(string.match(all[i + 1], '/(%d+)$'))
+  if exp == nil or exp <= tonumber(ARGV[4]) then redis.call('HDEL', KEYS[1], all[i]) end
+end
+local before = tonumber(ARGV[2])
+local prev = redis.call('HGET', KEYS[1], ARGV[1])
+if prev then
+  local pb, pe = string.match(prev, '^(%d+)/(%d+)$')
+  if pb and tonumber(pb) > before then before = tonumber(pb) end
+end
+local value = before .. '/' .. ARGV[3]
+redis.call('HSET', KEYS[1], ARGV[1], value)
+return value
+`;
+
+/**
  * Every script as an ioredis command, defined when a client is made (`connectRedis`). With
  * auto-pipelining a command defined later, on first use, can land in a pipeline made before it
  * existed ("pipeline[functionName] is not a function"), and the worker died of it in the e2e test.
@@ -440,6 +471,7 @@ export const REDIS_SCRIPTS = {
   jgPresenceRelease: { lua: PRESENCE_RELEASE_LUA, numberOfKeys: 1 },
   jgLeaseRenew: { lua: LEASE_RENEW_LUA, numberOfKeys: 1 },
   jgLeaseRelease: { lua: LEASE_RELEASE_LUA, numberOfKeys: 1 },
+  jgRevoke: { lua: REVOKE_LUA, numberOfKeys: 1 },
 } as const;
 
 // ---- JetStream consumer names ---------------------------------------------------------------

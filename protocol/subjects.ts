@@ -79,3 +79,17 @@ export function entryMsgId(dispatchId: string, user: string): string {
 export function ingressMsgId(user: string, device: string, cmid: string): string {
   return `${assertId("user", user)}:${assertId("device", device)}:${assertId("cmid", cmid)}`;
 }
+
+/**
+ * Requests from the gateway that took a backend's call (HTTP, service token) to every gateway, each
+ * answering with what it did or holds (NATS request, many replies). jetgate's own NATS user only
+ * (docs/examples/nats-permissions.conf): a backend cannot publish on jetgate.>.
+ */
+export const CONTROL_SUBJECTS = {
+  /** End a user's (or one device's) sessions with a close code the SDK understands. */
+  disconnect: "jetgate.ctl.disconnect",
+  /** A token revocation: remember it, and end the live sessions it covers. */
+  revoke: "jetgate.ctl.revoke",
+  /** Which devices of these users have a live session here, and since when. */
+  presence: "jetgate.ctl.presence",
+} as const;

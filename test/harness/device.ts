@@ -4,12 +4,13 @@ import { SignJWT } from "jose";
 import { DEV_JWT_SECRET, decodeServerFrame, encodeFrame, type ClientFrame, type Entry, type ServerFrame } from "../../protocol/index.js";
 import { waitFor } from "./wait.js";
 
-export async function deviceToken(user: string, opts: { secret?: string; expiresInS?: number; device?: string; alg?: string } = {}): Promise<string> {
+/** `issuedAt`: the token's `iat` (unix s; default now), or null for a token without one. */
+export async function deviceToken(user: string, opts: { secret?: string; expiresInS?: number; device?: string; alg?: string; issuedAt?: number | null } = {}): Promise<string> {
   const jwt = new SignJWT({ ...(opts.device ? { dev: opts.device } : {}) })
     .setProtectedHeader({ alg: opts.alg ?? "HS256" })
-    .setSubject(user)
-    .setIssuedAt()
-    .setExpirationTime(Math.floor(Date.now() / 1000) + (opts.expiresInS ?? 3600));
+    .setSubject(user);
+  if (opts.issuedAt !== null) jwt.setIssuedAt(opts.issuedAt);
+  jwt.setExpirationTime(Math.floor(Date.now() / 1000) + (opts.expiresInS ?? 3600));
   return jwt.sign(new TextEncoder().encode(opts.secret ?? DEV_JWT_SECRET));
 }
 

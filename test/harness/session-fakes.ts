@@ -23,6 +23,7 @@ import type { ShardBounds } from "../../gateway/auth-decision.js";
 import { ShardNotReadyError } from "../../gateway/gather.js";
 import { GatewayMetrics } from "../../gateway/metrics.js";
 import type { HubMember, MailboxSource, PushSource, ReadOptions, RegistryView, RoutePort, SessionHub, SessionPorts, Source, Transport, Watermarks } from "../../gateway/ports.js";
+import { Revocations } from "../../gateway/revocations.js";
 import { Session } from "../../gateway/session.js";
 
 interface Stored {
@@ -291,6 +292,9 @@ export interface SessionRig {
   ports: SessionPorts;
   acks: { user: string; device: string; seq: MailboxSeq }[];
   sent: { user: string; cmid: string }[];
+  /** The revocations the sessions check (loaded: empty), and the `iat` of the tokens the fake verifier accepts. */
+  revocations: Revocations;
+  issued: { at: number | undefined };
   /** A new session on a recording transport. */
   connect(id?: string): { session: Session; t: RecordingTransport };
 }
@@ -304,6 +308,10 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
   const acks: SessionRig["acks"] = [];
   const sent: SessionRig["sent"] = [];
   const config: Config = loadConfig({ JETGATE_ENV: "development", JETGATE_AUTH_TIMEOUT_MS: "2000", ...env });
+  // tokens the fake verifier accepts carry this iat (a test moves it to issue "newer" tokens)
+  const issued: { at: number | undefined } = { at: Math.floor(Date.now() / 1000) };
+  const revocations = new Revocations();
+  revocations.load([], Date.now());
   const ports: SessionPorts = {
     config,
     log: pino({ level: "silent" }),
@@ -311,9 +319,10 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
     tokens: {
       verify: async (token) => {
         if (!/^[a-z0-9]+$/.test(token)) throw new Error("token refused");
-        return { user: token, device: undefined, expiresAt: Date.now() + 3_600_000 };
+        return { user: token, device: undefined, expiresAt: Date.now() + 3_600_000, issuedAt: issued.at };
       },
     },
+    revocations: { ready: () => revocations.loaded, revoked: (u, d, iat, now) => revocations.revoked(u, d, iat, now) },
     cursors: cursorSigner([CURSOR_KEY]),
     registry,
     mailbox,
@@ -331,7 +340,7 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
   };
   let n = 0;
   return {
-    registry, mailbox, hub, routes, ports, acks, sent,
+    registry, mailbox, hub, routes, ports, acks, sent, revocations, issued,
     connect(id = `s${++n}`) {
       const t = new RecordingTransport();
       const session = new Session(id, t, ports);

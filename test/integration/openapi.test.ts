@@ -167,6 +167,34 @@ test("openapi - POST /v1/dispatch/batch: the documented example is 200; a bad el
   }
 });
 
+test("openapi - the users API: each route's documented example or a good request is 200, bad ones 400/401/413 as documented", async () => {
+  const get = (path: string, token = TOKEN) => fetch(device(path), { headers: { authorization: `Bearer ${token}` } });
+  const cases: { method: "get" | "post"; path: string; url: string; body?: string; headers?: Record<string, string>; status: number; schemaValid?: boolean }[] = [
+    { method: "post", path: "/v1/users/{user}/disconnect", url: "/v1/users/oa-user/disconnect", body: JSON.stringify(example("/v1/users/{user}/disconnect")), status: 200, schemaValid: true },
+    { method: "post", path: "/v1/users/{user}/disconnect", url: "/v1/users/oa-user/disconnect", body: JSON.stringify({ mode: "later" }), status: 400, schemaValid: false },
+    { method: "post", path: "/v1/users/{user}/disconnect", url: "/v1/users/no.dots/disconnect", body: JSON.stringify({ mode: "reconnect" }), status: 400, schemaValid: true },
+    { method: "post", path: "/v1/users/{user}/revoke", url: "/v1/users/oa-user/revoke", body: JSON.stringify(example("/v1/users/{user}/revoke")), status: 200, schemaValid: true },
+    { method: "post", path: "/v1/users/{user}/revoke", url: "/v1/users/oa-user/revoke", body: JSON.stringify({ issued_before: -1 }), status: 400, schemaValid: false },
+    { method: "post", path: "/v1/users/{user}/revoke", url: "/v1/users/oa-user/revoke", body: "{}", headers: { authorization: "Bearer wrong" }, status: 401, schemaValid: true },
+    { method: "post", path: "/v1/presence", url: "/v1/presence", body: JSON.stringify(example("/v1/presence")), status: 200, schemaValid: true },
+    { method: "post", path: "/v1/presence", url: "/v1/presence", body: JSON.stringify({ users: [] }), status: 400, schemaValid: false },
+    { method: "post", path: "/v1/presence", url: "/v1/presence", body: "x".repeat(20_000), status: 413 },
+    { method: "get", path: "/v1/users/{user}/presence", url: "/v1/users/oa-user/presence", status: 200 },
+    { method: "get", path: "/v1/users/{user}/mailbox", url: "/v1/users/oa-user/mailbox", status: 200 },
+    { method: "get", path: "/v1/users/{user}/mailbox", url: "/v1/users/no.dots/mailbox", status: 400 },
+  ];
+  for (const c of cases) {
+    const what = `${c.method.toUpperCase()} ${c.url} ${c.body?.slice(0, 40) ?? ""}`;
+    if (c.schemaValid !== undefined) assert.equal(validator(pointer("paths", c.path, "post", "requestBody", "content", "application/json", "schema"))(JSON.parse(c.body!)), c.schemaValid, `${what}: the documented request schema`);
+    const res = c.method === "get" ? await get(c.url) : await post(c.url, c.body!, c.headers);
+    assert.equal(res.status, c.status, what);
+    await conforms(c.method, c.path, res);
+  }
+  const wrong = await get("/v1/users/oa-user/mailbox", "wrong");
+  assert.equal(wrong.status, 401);
+  await conforms("get", "/v1/users/{user}/mailbox", wrong);
+});
+
 test("openapi - the operations port: /healthz, /readyz, /metrics as documented; other methods are not", async () => {
   for (const path of ["/healthz", "/readyz", "/metrics"]) {
     const res = await fetch(ops(path));

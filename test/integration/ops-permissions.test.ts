@@ -8,7 +8,7 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { Dispatcher, RegistryClient } from "../../protocol/index.js";
+import { CONTROL_SUBJECTS, Dispatcher, RegistryClient } from "../../protocol/index.js";
 import { AdminStateSchema } from "../../gateway/admin.js";
 import { NatsServer, RedisServer } from "../harness/servers.js";
 import { initStack, spawnGateway, spawnWorker } from "../harness/stack.js";
@@ -67,6 +67,10 @@ test("ops permissions - `backend` can neither answer nor ask on jetgate.ops.stat
   assert.match(await nextPermissionError(backend, () => backend.subscribe("jetgate.ops.stats", { callback: () => undefined })), /Permissions Violation for Subscription to "jetgate\.ops\.stats"/);
   assert.match(await nextPermissionError(backend, () => backend.publish("jetgate.ops.stats", "")), /Permissions Violation for Publish to "jetgate\.ops\.stats"/);
   assert.match(await nextPermissionError(backend, () => backend.publish("_INBOX.someone", "{}")), /Permissions Violation for Publish to "_INBOX\.someone"/);
+  // the users API's control requests (end sessions, revoke tokens) are jetgate's own too
+  for (const subject of Object.values(CONTROL_SUBJECTS)) {
+    assert.match(await nextPermissionError(backend, () => backend.publish(subject, "{}")), new RegExp(`Permissions Violation for Publish to "${subject.replaceAll(".", "\\.")}"`));
+  }
   const st = AdminStateSchema.parse(await (await fetch(`http://127.0.0.1:${gateway.httpPort}/admin/api/state`, { headers: { authorization: `Bearer ${TOKEN}` } })).json());
   assert.deepEqual(st.processes.map((p) => p.kind).sort(), ["gateway", "worker"]);
   assert.deepEqual(st.down, []);

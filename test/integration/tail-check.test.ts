@@ -30,7 +30,7 @@ after(async () => {
 function member(user: string, at: MailboxSeq): HubMember & { asked: (MailboxSeq | undefined)[] } {
   const asked: (MailboxSeq | undefined)[] = [];
   return {
-    id: `s-${user}`, user, device: "d1", shard: 0, authAt: 1, asked,
+    id: `s-${user}`, user, device: "d1", shard: 0, authAt: 1, issuedAt: undefined, asked,
     close: () => undefined,
     onPushes: (_p: readonly Push[]) => undefined,
     catchUpTo: () => undefined, expireIfDue: () => undefined,
@@ -74,7 +74,7 @@ test("tail check - a session behind the head it read but caught up by the next t
   let at = 5n;
   const asked: (MailboxSeq | undefined)[] = [];
   const m: HubMember = {
-    id: "s-busy", user: "busy", device: "d1", shard: 0, authAt: 1,
+    id: "s-busy", user: "busy", device: "d1", shard: 0, authAt: 1, issuedAt: undefined,
     close: () => undefined, onPushes: () => undefined, onShardChange: () => undefined, catchUpTo: () => undefined, expireIfDue: () => undefined,
     tailPosition: () => at,
     fillTail: (head) => void asked.push(head),

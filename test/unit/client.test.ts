@@ -693,3 +693,28 @@ test("client - tokenExpiry reads exp without verifying, and nothing from garbage
   assert.equal(tokenExpiry("a.%%%.c"), undefined);
   assert.equal(tokenExpiry(undefined), undefined);
 });
+
+test("client - the backend's two disconnects: 4300 reconnects at once asking for a token again; 4403 stops, says signed_out, and fails pending sends", async () => {
+  let tokens = 0;
+  const events: string[] = [];
+  const { g, client } = await rig((c, n) => c.on((f) => {
+    if (f.t !== "AUTH") return;
+    c.send(authOk(0n), { t: "SYNCED", seq: 0n });
+    if (n === 0) setTimeout(() => c.ws.close(4300, "new token"), 20);
+    if (n === 1) setTimeout(() => c.ws.close(4403, "signed out by admin"), 100);
+  }), { token: () => `jwt${++tokens}`, backoff: { baseMs: 5_000, capMs: 5_000 } });
+  client.on((e) => void ((e.type === "signed_out" || e.type === "reconnect_requested") && events.push(`${e.type}: ${e.reason}`)));
+  const t0 = Date.now();
+  await waitFor("the second connection", () => g.conns.length === 2 && client.state.type === "live", { timeoutMs: 3000 });
+  assert.ok(Date.now() - t0 < 2_000, "at once, not after the 5 s backoff");
+  const second = g.conns[1]!.got[0]!;
+  assert.ok(second.t === "AUTH" && second.token === "jwt2", "a fresh token for the reconnect");
+  const pending = client.send(new Uint8Array([1]), "c-1").then(() => undefined, (err: Error) => err);
+  await waitFor("closed for good", () => client.state.type === "closed");
+  const failed = await pending;
+  assert.ok(failed?.name === "SignedOutError" && /signed out by admin/.test(failed.message), String(failed));
+  assert.deepEqual(events, ["reconnect_requested: new token", "signed_out: signed out by admin"]);
+  assert.deepEqual(client.state, { type: "closed", reason: "signed out: signed out by admin" });
+  await sleep(300);
+  assert.equal(g.conns.length, 2, "no reconnect after a sign-out");
+});

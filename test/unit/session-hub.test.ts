@@ -13,7 +13,7 @@ function member(user: string, device: string) {
   const caught: (MailboxSeq | undefined)[] = [];
   const swept: number[] = [];
   const m: HubMember = {
-    id: `${user}-${device}`, user, device, shard: 0, authAt: 1,
+    id: `${user}-${device}`, user, device, shard: 0, authAt: 1, issuedAt: undefined,
     close: () => undefined,
     onPushes: (p) => void got.push(p as Push[]),
     onShardChange: () => undefined,

@@ -497,3 +497,32 @@ test("session - token expiry: open until its token's time, then closed 4401 by t
   s.expireIfDue(moved);
   assert.deepEqual(t.closed, { code: 4401, reason: "token expired" });
 });
+
+test("session - revoked tokens: refused at AUTH (4401), at REFRESH, and any AUTH while the revocations were never loaded (4503)", async () => {
+  const r = rig();
+  const now = Math.floor(Date.now() / 1000);
+  r.issued.at = now - 100;
+  r.revocations.add({ user: U, before: now - 10, expires: Date.now() + 60_000 });
+  const refused = r.connect();
+  frame(refused.session, { t: "AUTH", v: 1, token: U, device: "d1" });
+  await refused.t.until(() => refused.t.closed !== undefined, "close");
+  assert.equal(errorOf(refused.t, ErrorCode.UNAUTHORIZED)!.msg, "token revoked");
+  assert.equal(refused.t.closed!.code, CloseCode.UNAUTHENTICATED);
+
+  // a newer token gets in; a REFRESH with an older one is refused
+  r.issued.at = now;
+  const { s, t } = await auth(r);
+  r.issued.at = now - 100;
+  frame(s, { t: "REFRESH", id: 1, token: U });
+  await t.until(() => t.closed !== undefined, "close");
+  assert.equal(errorOf(t, ErrorCode.UNAUTHORIZED)!.msg, "refresh refused: token revoked");
+
+  // a gateway that could not read the revocations yet lets nobody in
+  const blind = rig();
+  (blind.revocations as { loaded: boolean }).loaded = false;
+  const b = blind.connect();
+  frame(b.session, { t: "AUTH", v: 1, token: U, device: "d1" });
+  await b.t.until(() => b.t.closed !== undefined, "close");
+  assert.equal(errorOf(b.t, ErrorCode.UNAVAILABLE)!.msg, "token revocations not loaded yet: reconnect");
+  assert.equal(b.t.closed!.code, CloseCode.UNAVAILABLE);
+});

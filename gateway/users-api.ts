@@ -1,0 +1,300 @@
+/**
+ * What a backend can ask about a user, beside appending (docs/server-api.md): end the user's
+ * sessions, revoke tokens, see which devices are online, read the mailbox's position. On the
+ * device port, with the dispatch API's service token; every request body and path id is checked
+ * with zod; each answer is one of the shapes the OpenAPI document lists (gateway/users-openapi.ts).
+ *
+ * Disconnect, revoke and presence are asked of every gateway over NATS (gateway/control.ts) and
+ * answered with how many gateways answered of how many are live, so a backend can tell a partial
+ * answer from a whole one. A revocation is written to Redis first: if Redis does not take it, the
+ * call fails (503) and nothing else happens, so a backend that retries never leaves gateways
+ * refusing tokens Redis does not know of (a gateway started later would accept them).
+ */
+import type * as Uws from "uWebSockets.js";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { z } from "zod";
+import { CONTROL_SUBJECTS, idProblem, seqLabel, type Config, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
+import { bearerMatches } from "./bearer.js";
+import {
+  askGateways,
+  DisconnectMode,
+  MAX_REASON_LENGTH,
+  PresenceRequestSchema,
+  type ControlReply,
+  type PresentSession,
+} from "./control.js";
+import type { GatewayMetrics } from "./metrics.js";
+import type { ShardBounds } from "./auth-decision.js";
+import type { RegistryView, Watermarks } from "./ports.js";
+import { TokenBucket } from "./rate-limit.js";
+import type { Revocation, RevocationStore } from "./revocations.js";
+
+/** Largest request body of this API (a presence request for 100 users of 64 characters is about 7 KiB). */
+export const MAX_USERS_API_BODY = 16 * 1024;
+/** How long a call waits for the gateways' answers. */
+const ASK_WAIT_MS = 1000;
+/** A gateway that beat within this long counts as live (they beat every second). */
+const LIVE_BEAT_S = 5;
+
+const reason = z.string().max(MAX_REASON_LENGTH).regex(/^[\x20-\x7e]*$/, "printable ASCII only").optional();
+
+export const DisconnectBodySchema = z
+  .object({
+    /** One device's sessions only; all of the user's when left out. */
+    device: z.string().optional(),
+    /** `signed_out`: closed with 4403, the SDK stops. `reconnect`: closed with 4300, the SDK reconnects at once with a fresh token. */
+    mode: DisconnectMode,
+    /** The WebSocket close reason the device gets. */
+    reason,
+  })
+  .strict();
+
+export const RevokeBodySchema = z
+  .object({
+    /** One device's tokens only (the device id its sessions AUTH with); all of the user's when left out. */
+    device: z.string().optional(),
+    /** Tokens whose `iat` is below this (unix seconds) are refused; default: now. A token without `iat` is refused too. */
+    issued_before: z.number().int().min(0).max(2 ** 40).optional(),
+    /** How the live sessions holding such a token end (default `signed_out`). */
+    mode: DisconnectMode.optional(),
+    reason,
+  })
+  .strict();
+
+export const PresenceBodySchema = PresenceRequestSchema.strict();
+
+const GatewaysAnswered = z.object({
+  /** Gateways that answered. */
+  answered: z.number().int().min(0),
+  /** Gateways live by their beats in Redis (null when Redis did not say): fewer answers mean a partial result. */
+  live: z.number().int().min(0).nullable(),
+});
+
+export const EndedAnswerSchema = z.object({ user: z.string(), device: z.string().optional(), ended: z.number().int().min(0), gateways: GatewaysAnswered });
+export const RevokedAnswerSchema = EndedAnswerSchema.extend({
+  /** The revocation in force (a later `issued_before` recorded earlier wins). */
+  issued_before: z.number().int(),
+  /** When it is forgotten (unix ms): every token it covers has expired by then. */
+  expires_at: z.number().int(),
+});
+export const PresenceAnswerSchema = z.object({
+  /** Every user asked about, with its live sessions (an empty list: none). */
+  users: z.record(z.string(), z.array(z.object({ device: z.string(), gateway: z.string(), since: z.number().int() }))),
+  gateways: GatewaysAnswered,
+});
+const SeqJson = z.string().regex(/^\d{1,20}$/);
+export const MailboxInfoSchema = z.object({
+  user: z.string(),
+  shard: z.number().int().min(0),
+  epoch: z.number().int().min(0),
+  log: z.string(),
+  /** The user's newest seq over all lanes ("0": none), a decimal string; `head_label` as epoch:offset. */
+  head: SeqJson,
+  head_label: z.string(),
+  /** Newest seq per lane (lanes Redis lost come back from the stream). */
+  lanes: z.record(z.string(), SeqJson),
+  /** Seq of the newest entry retention removed from the shard ("0": none): a cursor at or below it is expired. */
+  trim: SeqJson,
+});
+export const UsersApiErrorSchema = z.object({ error: z.string(), field: z.string().optional() });
+
+export interface UsersApiDeps {
+  config: Config;
+  nc: NatsConnection;
+  redis: RedisClient;
+  keys: RedisKeys;
+  revocationStore: Pick<RevocationStore, "write">;
+  registry: RegistryView;
+  mailbox: { watermarks(shard: number, user: string): Promise<Watermarks>; bounds(shard: number): Promise<ShardBounds> };
+  metrics: GatewayMetrics;
+}
+
+type Answer = { status: string; body: unknown; headers?: Record<string, string> };
+
+class ApiError extends Error {
+  constructor(
+    readonly status: string,
+    message: string,
+    readonly field?: string,
+    readonly headers?: Record<string, string>,
+  ) {
+    super(message);
+  }
+}
+
+type GatewaysSeenClient = RedisClient & { jgGatewaysSeen(key: string): Promise<string[]> };
+
+/** Serves the users API on `app`. */
+export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps): void {
+  const bucket = new TokenBucket(d.config.JETGATE_USERS_API_RATE_PER_S, d.config.JETGATE_USERS_API_RATE_PER_S, Date.now());
+  const route = (method: "get" | "post", path: string, handle: (req: { user?: string; body: unknown }) => Promise<Answer>) => {
+    app[method](path, (res, req) => {
+      const auth = req.getHeader("authorization");
+      let user = path.includes(":user") ? req.getParameter(0) : undefined;
+      const declared = req.getHeader("content-length");
+      let aborted = false;
+      res.onAborted(() => (aborted = true));
+      const done = (a: Answer) => {
+        d.metrics.usersApiRequests.inc({ path, status: a.status.slice(0, 3) });
+        if (aborted) return;
+        res.cork(() => {
+          res.writeStatus(a.status).writeHeader("content-type", "application/json");
+          for (const [k, v] of Object.entries(a.headers ?? {})) res.writeHeader(k, v);
+          res.end(JSON.stringify(a.body) + "\n");
+        });
+      };
+      const fail = (err: unknown) => {
+        if (err instanceof ApiError) return done({ status: err.status, body: { error: err.message, ...(err.field !== undefined ? { field: err.field } : {}) }, ...(err.headers ? { headers: err.headers } : {}) });
+        done({ status: "500 Internal Server Error", body: { error: "internal error" } });
+      };
+      try {
+        admit(d.config, auth, bucket);
+        if (user !== undefined) user = checkId("user", pathId(user), "user");
+        if (declared !== "" && Number(declared) > MAX_USERS_API_BODY) throw new ApiError("413 Payload Too Large", `request body over ${MAX_USERS_API_BODY} bytes`);
+      } catch (err) {
+        return fail(err);
+      }
+      const run = (body: unknown) => void handle({ ...(user !== undefined ? { user } : {}), body }).then(done, fail);
+      if (method === "get") return run(undefined);
+      readBody(res, (raw) => {
+        if (raw === "too large") return fail(new ApiError("413 Payload Too Large", `request body over ${MAX_USERS_API_BODY} bytes`));
+        let parsed: unknown;
+        try {
+          parsed = raw.byteLength === 0 ? {} : JSON.parse(raw.toString("utf8"));
+        } catch {
+          return fail(new ApiError("400 Bad Request", "the body is not JSON"));
+        }
+        run(parsed);
+      });
+    });
+  };
+
+  const liveGateways = async (): Promise<number | null> => {
+    try {
+      const [now, ...rest] = await (d.redis as GatewaysSeenClient).jgGatewaysSeen(d.keys.gateways());
+      let n = 0;
+      for (let i = 1; i < rest.length; i += 2) if (Number(rest[i]) >= Number(now) - LIVE_BEAT_S) n++;
+      return n;
+    } catch {
+      return null;
+    }
+  };
+  const ask = async (subject: string, body: unknown): Promise<{ replies: ControlReply[]; gateways: { answered: number; live: number | null } }> => {
+    const live = await liveGateways();
+    const replies = await askGateways(d.nc, subject, body, live ?? undefined, ASK_WAIT_MS);
+    return { replies, gateways: { answered: replies.length, live } };
+  };
+  const ended = (replies: ControlReply[]) => replies.reduce((n, r) => n + (r.ended ?? 0), 0);
+
+  route("post", "/v1/users/:user/disconnect", async ({ user, body }) => {
+    const b = parse(DisconnectBodySchema, body);
+    if (b.device !== undefined) checkId("device", b.device, "device");
+    const { replies, gateways } = await ask(CONTROL_SUBJECTS.disconnect, { user, ...b });
+    return { status: "200 OK", body: { user: user!, ...(b.device !== undefined ? { device: b.device } : {}), ended: ended(replies), gateways } };
+  });
+
+  route("post", "/v1/users/:user/revoke", async ({ user, body }) => {
+    const b = parse(RevokeBodySchema, body);
+    if (b.device !== undefined) checkId("device", b.device, "device");
+    const now = Date.now();
+    const wanted: Revocation = {
+      user: user!,
+      ...(b.device !== undefined ? { device: b.device } : {}),
+      before: b.issued_before ?? Math.floor(now / 1000),
+      expires: now + d.config.JETGATE_JWT_MAX_LIFETIME_S * 1000,
+    };
+    let kept: Revocation;
+    try {
+      kept = await d.revocationStore.write(wanted, now);
+    } catch (err) {
+      throw new ApiError("503 Service Unavailable", `Redis did not take the revocation (${(err as Error).message}); nothing was revoked: try again`, undefined, { "retry-after": "2" });
+    }
+    const { replies, gateways } = await ask(CONTROL_SUBJECTS.revoke, { ...kept, mode: b.mode ?? "signed_out", ...(b.reason !== undefined ? { reason: b.reason } : {}) });
+    return {
+      status: "200 OK",
+      body: { user: user!, ...(b.device !== undefined ? { device: b.device } : {}), ended: ended(replies), gateways, issued_before: kept.before, expires_at: kept.expires },
+    };
+  });
+
+  const presence = async (users: readonly string[]): Promise<Answer> => {
+    const { replies, gateways } = await ask(CONTROL_SUBJECTS.presence, { users });
+    const out: Record<string, Omit<PresentSession, "user">[]> = Object.fromEntries(users.map((u) => [u, []]));
+    for (const r of replies) for (const s of r.sessions ?? []) out[s.user]?.push({ device: s.device, gateway: r.gateway, since: s.since });
+    for (const list of Object.values(out)) list.sort((a, b) => a.since - b.since || a.device.localeCompare(b.device));
+    return { status: "200 OK", body: { users: out, gateways } };
+  };
+  route("get", "/v1/users/:user/presence", async ({ user }) => presence([user!]));
+  route("post", "/v1/presence", async ({ body }) => {
+    const b = parse(PresenceBodySchema, body);
+    return presence([...new Set(b.users)]);
+  });
+
+  route("get", "/v1/users/:user/mailbox", async ({ user }) => {
+    const shard = d.registry.shards.shardOf(user!);
+    const s = shard === undefined ? undefined : d.registry.state.shards.get(shard);
+    if (shard === undefined || s === undefined) throw new ApiError("503 Service Unavailable", "no active shard owns this user in the registry (is it loaded?)", undefined, { "retry-after": "2" });
+    let wm: Watermarks;
+    let bounds: ShardBounds;
+    try {
+      [wm, bounds] = await Promise.all([d.mailbox.watermarks(shard, user!), d.mailbox.bounds(shard)]);
+    } catch (err) {
+      throw new ApiError("503 Service Unavailable", `the mailbox did not answer (${(err as Error).message})`, undefined, { "retry-after": "2" });
+    }
+    const str = (v: MailboxSeq) => v.toString();
+    return {
+      status: "200 OK",
+      body: {
+        user: user!, shard, epoch: s.epoch, log: s.log, head: str(wm.head), head_label: seqLabel(wm.head),
+        lanes: Object.fromEntries([...wm.lanes].map(([l, v]) => [l, str(v)])), trim: str(bounds.trim),
+      },
+    };
+  });
+}
+
+/** The service token, then the rate: 503 without a service token, 401 with a wrong one, 429 past the rate. */
+function admit(config: Config, auth: string, bucket: TokenBucket): void {
+  const token = config.JETGATE_SERVICE_TOKEN;
+  if (token === undefined) throw new ApiError("503 Service Unavailable", "the users API is disabled: set JETGATE_SERVICE_TOKEN");
+  if (!bearerMatches(auth, token)) throw new ApiError("401 Unauthorized", "missing or wrong bearer token");
+  if (!bucket.take(Date.now())) throw new ApiError("429 Too Many Requests", `over JETGATE_USERS_API_RATE_PER_S (${config.JETGATE_USERS_API_RATE_PER_S}) requests per second on this gateway`, undefined, { "retry-after": "1" });
+}
+
+function checkId(kind: "user" | "device", value: string, field: string): string {
+  const p = idProblem(kind, value);
+  if (p !== undefined) throw new ApiError("400 Bad Request", `${kind} id ${p}`, field);
+  return value;
+}
+
+/** A path segment, percent-decoded (ids never need it, but a client may encode anyway). */
+function pathId(segment: string): string {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    throw new ApiError("400 Bad Request", "user id is not valid percent-encoding", "user");
+  }
+}
+
+function parse<T>(schema: z.ZodType<T>, body: unknown): T {
+  const r = schema.safeParse(body);
+  if (r.success) return r.data;
+  const issue = r.error.issues[0]!;
+  const field = issue.path.join(".");
+  throw new ApiError("400 Bad Request", `${field === "" ? "body" : field}: ${issue.message}`, field === "" ? undefined : field);
+}
+
+/** The request body, at most MAX_USERS_API_BODY bytes (copied: uWS reuses a chunk's memory). */
+function readBody(res: Uws.HttpResponse, done: (raw: Buffer | "too large") => void): void {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  let over = false;
+  res.onData((chunk, isLast) => {
+    if (over) return;
+    size += chunk.byteLength;
+    if (size > MAX_USERS_API_BODY) {
+      over = true;
+      return done("too large");
+    }
+    chunks.push(Buffer.from(new Uint8Array(chunk)));
+    if (isLast) done(Buffer.concat(chunks));
+  });
+}

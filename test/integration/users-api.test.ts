@@ -1,0 +1,239 @@
+/**
+ * The users API against two gateways (real processes, NATS, Redis, SDK clients on real sockets):
+ * ending sessions across both, the SDK's two disconnect kinds, token revocation at AUTH, REFRESH
+ * and on live sessions (also on a gateway started after it), presence as devices move, the
+ * mailbox's position, and every bad input and bound.
+ */
+import { test, after } from "node:test";
+import assert from "node:assert/strict";
+import WebSocket from "ws";
+import { CloseCode, RedisKeys, seqLabel } from "../../protocol/index.js";
+import { JetgateClient, MemoryCursorStore, type ClientEvent, type WebSocketFactory } from "../../client/index.js";
+import { startStack, spawnGateway, redisClient, type JetgateProcess } from "../harness/stack.js";
+import { deviceToken, TestDevice } from "../harness/device.js";
+import { sleep, waitFor } from "../harness/wait.js";
+
+const TOKEN = "users-api-secret";
+const stack = await startStack({ env: { JETGATE_SERVICE_TOKEN: TOKEN }, gateway: {} });
+const gw1 = stack.gateway!;
+const gw2 = await spawnGateway(stack.infra.env);
+const extra: JetgateProcess[] = [gw2];
+const clients: JetgateClient[] = [];
+after(async () => {
+  for (const c of clients) await c.close();
+  for (const p of extra) await p.kill();
+  await stack.dispose();
+});
+
+async function api(gw: JetgateProcess, method: "GET" | "POST", path: string, body?: unknown, token = TOKEN): Promise<{ status: number; json: Record<string, unknown>; headers: Headers }> {
+  const res = await fetch(`http://127.0.0.1:${gw.httpPort}${path}`, {
+    method,
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    ...(body !== undefined ? { body: typeof body === "string" ? body : JSON.stringify(body) } : {}),
+  });
+  return { status: res.status, json: (await res.json()) as Record<string, unknown>, headers: res.headers };
+}
+
+/** An SDK client of `user`/`device` on `gw`, live; its events recorded. `iat`: its tokens' issue time (a function: asked at each connect). */
+async function client(gw: JetgateProcess, user: string, device: string, iat: () => number = () => Math.floor(Date.now() / 1000)) {
+  const events: ClientEvent[] = [];
+  const c = new JetgateClient({
+    url: `ws://127.0.0.1:${gw.httpPort}/v1/ws`, device, token: () => deviceToken(user, { issuedAt: iat() }), store: new MemoryCursorStore(),
+    onEntry: () => undefined, WebSocket: WebSocket as unknown as WebSocketFactory, backoff: { baseMs: 50, capMs: 200 },
+  });
+  c.on((e) => void events.push(e));
+  clients.push(c);
+  await c.start();
+  await waitFor(`${user}/${device} live`, () => c.state.type === "live");
+  return { c, events };
+}
+
+test("users API - disconnect signed_out ends the user's sessions on both gateways; the SDK stops and says so", async () => {
+  const a = await client(gw1, "sam", "phone");
+  const b = await client(gw2, "sam", "tablet");
+  const bystander = await client(gw1, "other", "phone");
+  const r = await api(gw2, "POST", "/v1/users/sam/disconnect", { mode: "signed_out", reason: "signed out elsewhere" });
+  assert.equal(r.status, 200, JSON.stringify(r.json));
+  assert.deepEqual(r.json, { user: "sam", ended: 2, gateways: { answered: 2, live: 2 } });
+  for (const x of [a, b]) {
+    await waitFor("closed", () => x.c.state.type === "closed");
+    assert.ok(x.events.some((e) => e.type === "signed_out" && e.reason === "signed out elsewhere"));
+    assert.ok(x.events.some((e) => e.type === "closed" && e.code === CloseCode.SIGNED_OUT));
+  }
+  await sleep(800);
+  assert.equal(a.c.state.type, "closed", "no reconnect after a sign-out");
+  assert.equal(a.c.stats.reconnects, 0);
+  assert.equal(bystander.c.state.type, "live", "another user's session is untouched");
+});
+
+test("users API - disconnect reconnect of one device: it comes back at once with a fresh token; the user's other device stays", async () => {
+  const a = await client(gw1, "rita", "phone");
+  const b = await client(gw2, "rita", "tablet");
+  const t0 = Date.now();
+  const r = await api(gw1, "POST", "/v1/users/rita/disconnect", { device: "phone", mode: "reconnect" });
+  assert.equal(r.status, 200, JSON.stringify(r.json));
+  assert.deepEqual(r.json, { user: "rita", device: "phone", ended: 1, gateways: { answered: 2, live: 2 } });
+  await waitFor("the phone reconnected", () => a.events.some((e) => e.type === "reconnect_requested") && a.c.state.type === "live" && a.c.stats.reconnects === 1);
+  console.log(`  reconnect: live again ${Date.now() - t0} ms after the call`);
+  assert.ok(a.events.some((e) => e.type === "closed" && e.code === CloseCode.RECONNECT_NOW));
+  assert.equal(b.c.stats.reconnects, 0, "the tablet was not touched");
+});
+
+test("users API - revoke: live sessions with older tokens end on both gateways; old tokens refused at AUTH (also by a gateway started later) and REFRESH; newer ones accepted", async () => {
+  const old = Math.floor(Date.now() / 1000) - 100;
+  let iat = old;
+  const a = await client(gw1, "vic", "phone", () => iat);
+  const b = await client(gw2, "vic", "tablet", () => iat);
+  // the app gets new tokens from now on: the SDK's reconnect picks one up
+  iat = Math.floor(Date.now() / 1000) + 1;
+  const r = await api(gw2, "POST", "/v1/users/vic/revoke", { mode: "reconnect" });
+  assert.equal(r.status, 200, JSON.stringify(r.json));
+  assert.equal(r.json.ended, 2);
+  assert.deepEqual(r.json.gateways, { answered: 2, live: 2 });
+  const before = r.json.issued_before as number;
+  assert.ok(Math.abs(before - Date.now() / 1000) < 5, "issued_before defaults to now");
+  assert.ok((r.json.expires_at as number) > Date.now());
+  for (const x of [a, b]) await waitFor("back with a new token", () => x.c.state.type === "live" && x.c.stats.reconnects >= 1);
+
+  // an old token at AUTH, on each gateway and on one started after the revocation (it reads Redis)
+  const gw3 = await spawnGateway(stack.infra.env);
+  extra.push(gw3);
+  for (const gw of [gw1, gw2, gw3]) {
+    const d = await TestDevice.connect(gw.httpPort);
+    d.send({ t: "AUTH", v: 1, token: await deviceToken("vic", { issuedAt: old }), device: "laptop" });
+    const e = await d.next("ERROR");
+    assert.equal(e.code, "UNAUTHORIZED");
+    assert.match(e.msg, /token revoked/);
+    await waitFor("closed 4401", () => d.closed?.code === CloseCode.UNAUTHENTICATED);
+    // a token without iat cannot be shown to be newer
+    const n = await TestDevice.connect(gw.httpPort);
+    n.send({ t: "AUTH", v: 1, token: await deviceToken("vic", { issuedAt: null }), device: "laptop" });
+    assert.match((await n.next("ERROR")).msg, /token revoked/);
+  }
+  // REFRESH with an old token on a session that AUTHed with a new one
+  const d = await TestDevice.connect(gw3.httpPort);
+  d.send({ t: "AUTH", v: 1, token: await deviceToken("vic", { issuedAt: before }), device: "watch" });
+  await d.next("SYNCED");
+  d.send({ t: "REFRESH", token: await deviceToken("vic", { issuedAt: old }) });
+  assert.match((await d.next("ERROR")).msg, /refresh refused: token revoked/);
+  await waitFor("closed 4401", () => d.closed?.code === CloseCode.UNAUTHENTICATED);
+  // another user's old token is fine
+  const o = await TestDevice.connect(gw1.httpPort);
+  o.send({ t: "AUTH", v: 1, token: await deviceToken("walt", { issuedAt: old }), device: "phone" });
+  await o.next("SYNCED");
+  o.ws.close();
+  assert.ok((await gw1.metric("jetgate_gateway_auth_outcomes_total", { case: "revoked" })) >= 2);
+});
+
+test("users API - revoke one device's tokens: that device's sessions only; an earlier issued_before never lowers a later one", async () => {
+  const now = Math.floor(Date.now() / 1000);
+  const phone = await client(gw1, "dora", "phone", () => now - 50);
+  const tablet = await client(gw2, "dora", "tablet", () => now - 50);
+  const r = await api(gw1, "POST", "/v1/users/dora/revoke", { device: "phone", issued_before: now - 10, mode: "signed_out" });
+  assert.equal(r.status, 200, JSON.stringify(r.json));
+  assert.deepEqual([r.json.ended, r.json.device, r.json.issued_before], [1, "phone", now - 10]);
+  await waitFor("the phone signed out", () => phone.events.some((e) => e.type === "signed_out"));
+  assert.equal(tablet.c.state.type, "live");
+  const again = await api(gw2, "POST", "/v1/users/dora/revoke", { device: "phone", issued_before: now - 1000 });
+  assert.equal(again.json.issued_before, now - 10, "the later revocation stays in force");
+  const redis = await redisClient(stack.infra.redis.url);
+  try {
+    assert.match((await redis.hget(new RedisKeys("jg").revocations(), "d:dora:phone")) ?? "", new RegExp(`^${now - 10}/\\d+$`));
+  } finally {
+    redis.disconnect();
+  }
+});
+
+test("users API - presence: which devices are live, where and since when; it follows a device that moves to the other gateway", async () => {
+  const t0 = Date.now();
+  const m = await client(gw1, "pia", "phone");
+  let r = await api(gw2, "GET", "/v1/users/pia/presence");
+  assert.equal(r.status, 200, JSON.stringify(r.json));
+  const seen = (r.json.users as Record<string, { device: string; gateway: string; since: number }[]>).pia!;
+  assert.equal(seen.length, 1);
+  assert.equal(seen[0]!.device, "phone");
+  assert.ok(seen[0]!.since >= t0 - 1000 && seen[0]!.since <= Date.now());
+  const firstGateway = seen[0]!.gateway;
+  await m.c.close();
+  await client(gw2, "pia", "phone");
+  r = await api(gw1, "POST", "/v1/presence", { users: ["pia", "nobody"] });
+  assert.equal(r.status, 200, JSON.stringify(r.json));
+  const users = r.json.users as Record<string, { gateway: string }[]>;
+  assert.equal(users.pia!.length, 1, "one live session: the old one is gone");
+  assert.notEqual(users.pia![0]!.gateway, firstGateway, "now on the other gateway");
+  assert.deepEqual(users.nobody, []);
+});
+
+test("users API - mailbox: shard, epoch, log, head per lane and the trim watermark, as a device would see them", async () => {
+  let last = 0n;
+  for (let i = 0; i < 3; i++) {
+    const [res] = await stack.dispatcher.dispatch({ dispatch_id: `mb${i}`, message_id: `mb${i}`, lane: "default", recipients: ["mona"], body: new Uint8Array(1) });
+    assert.ok(res && !("error" in res));
+    last = res.seq;
+  }
+  const shard = stack.registry.shards.shardOf("mona")!;
+  const s = stack.registry.state.shards.get(shard)!;
+  const r = await waitFor("the head", async () => {
+    const x = await api(gw1, "GET", "/v1/users/mona/mailbox");
+    return x.json.head === last.toString() ? x : undefined;
+  });
+  assert.equal(r.status, 200);
+  assert.deepEqual(r.json, { user: "mona", shard, epoch: s.epoch, log: s.log, head: last.toString(), head_label: seqLabel(last), lanes: { default: last.toString() }, trim: "0" });
+  const none = await api(gw1, "GET", "/v1/users/newbie/mailbox");
+  assert.equal(none.json.head, "0");
+});
+
+test("users API - bad input and bounds: named 4xx, nothing done", async () => {
+  const cases: [string, "GET" | "POST", string, unknown, number, RegExp, string?][] = [
+    ["a bad user id", "POST", "/v1/users/a.b/disconnect", { mode: "signed_out" }, 400, /user id/, "user"],
+    ["no mode", "POST", "/v1/users/sam/disconnect", {}, 400, /mode/, "mode"],
+    ["an unknown mode", "POST", "/v1/users/sam/disconnect", { mode: "kick" }, 400, /mode/, "mode"],
+    ["an unknown field", "POST", "/v1/users/sam/disconnect", { mode: "reconnect", extra: 1 }, 400, /unrecognized|extra/i],
+    ["a bad device id", "POST", "/v1/users/sam/revoke", { device: "a b" }, 400, /device id/, "device"],
+    ["a reason that is not printable ASCII", "POST", "/v1/users/sam/disconnect", { mode: "reconnect", reason: "bye\n" }, 400, /printable/, "reason"],
+    ["a reason too long", "POST", "/v1/users/sam/disconnect", { mode: "reconnect", reason: "x".repeat(101) }, 400, /reason/, "reason"],
+    ["issued_before not an integer", "POST", "/v1/users/sam/revoke", { issued_before: 1.5 }, 400, /issued_before/, "issued_before"],
+    ["not JSON", "POST", "/v1/users/sam/disconnect", "{mode:", 400, /not JSON/],
+    ["no users", "POST", "/v1/presence", { users: [] }, 400, /users/, "users"],
+    ["101 users", "POST", "/v1/presence", { users: Array.from({ length: 101 }, (_, i) => `u${i}`) }, 400, /users/, "users"],
+    ["a body too large", "POST", "/v1/presence", { users: ["a"], pad: "x".repeat(20_000) }, 413, /over 16384 bytes/],
+  ];
+  for (const [what, method, path, body, status, msg, field] of cases) {
+    const r = await api(gw1, method, path, body);
+    assert.equal(r.status, status, `${what}: ${JSON.stringify(r.json)}`);
+    assert.match(String(r.json.error), msg, what);
+    if (field !== undefined) assert.equal(r.json.field, field, what);
+  }
+  const wrong = await api(gw1, "GET", "/v1/users/sam/presence", undefined, "nope");
+  assert.deepEqual([wrong.status, wrong.json.error], [401, "missing or wrong bearer token"]);
+});
+
+test("users API - off without a service token (503); rate-limited per gateway (429 with Retry-After); a revocation Redis does not take is 503 and done nowhere", async () => {
+  const off = await spawnGateway({ ...stack.infra.env, JETGATE_SERVICE_TOKEN: "" });
+  extra.push(off);
+  const r = await api(off, "GET", "/v1/users/sam/presence");
+  assert.equal(r.status, 503);
+  assert.match(String(r.json.error), /JETGATE_SERVICE_TOKEN/);
+
+  const slow = await spawnGateway({ ...stack.infra.env, JETGATE_USERS_API_RATE_PER_S: "2" });
+  extra.push(slow);
+  const answers = await Promise.all(Array.from({ length: 4 }, () => api(slow, "GET", "/v1/users/sam/mailbox")));
+  const limited = answers.filter((a) => a.status === 429);
+  assert.ok(limited.length >= 1, `statuses ${answers.map((a) => a.status).join(",")}`);
+  assert.equal(limited[0]!.headers.get("retry-after"), "1");
+  assert.match(String(limited[0]!.json.error), /JETGATE_USERS_API_RATE_PER_S/);
+
+  // Redis gone: the revocation is refused, and no gateway heard of it
+  const live = await client(gw1, "ursula", "phone");
+  await stack.infra.redis.stop();
+  try {
+    const refused = await api(gw1, "POST", "/v1/users/ursula/revoke", {});
+    assert.equal(refused.status, 503, JSON.stringify(refused.json));
+    assert.match(String(refused.json.error), /nothing was revoked/);
+    assert.equal(refused.headers.get("retry-after"), "2");
+    await sleep(300);
+    assert.equal(live.c.state.type, "live", "no session ended");
+  } finally {
+    await stack.infra.redis.start();
+  }
+});
