@@ -127,7 +127,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   const stats = answerStats(nc, { kind: "gateway", id: gatewayId, regressions: metrics.regressions, health, extra: () => ({ connections: sessions.all.size }) }, config.JETGATE_OPS_KEY);
   let jsm: Promise<JetStreamManager> | undefined;
   const admin = { gatewayId, nc, jsm: () => (jsm ??= jetstreamManager(nc)), redis, keys, registry, opsKeys: config.JETGATE_OPS_KEY };
-  const usersApi: UsersApiDeps = { config, nc, redis, keys, revocationStore, registry, mailbox, metrics };
+  const usersApi: UsersApiDeps = { config, nc, redis, keys, revocationStore, registry, mailbox, cursors: ctx.cursors, metrics };
   const server = await startServer(uws, config, ctx, dispatcher, () => health.problems(), admin, usersApi);
   log.info({ port: server.port, opsPort: (ops.address() as AddressInfo).port, native }, "gateway listening");
 

@@ -13,7 +13,7 @@
 import type * as Uws from "uWebSockets.js";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { z } from "zod";
-import { CONTROL_SUBJECTS, idProblem, seqLabel, type Config, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
+import { CONTROL_SUBJECTS, idProblem, seqLabel, type Config, type CursorSigner, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
 import { bearerMatches } from "./bearer.js";
 import {
   askGateways,
@@ -25,8 +25,10 @@ import {
 } from "./control.js";
 import type { GatewayMetrics } from "./metrics.js";
 import type { ShardBounds } from "./auth-decision.js";
-import type { RegistryView, Watermarks } from "./ports.js";
+import type { MailboxSource, RegistryView, Watermarks } from "./ports.js";
 import { TokenBucket } from "./rate-limit.js";
+import { UnavailableError } from "./gather.js";
+import { BadPositionError, DEFAULT_PAGE_ENTRIES, MAX_PAGE_ENTRIES, decodePosition, readPage } from "./mailbox-page.js";
 import type { Revocation, RevocationStore } from "./revocations.js";
 
 /** Largest request body of this API (a presence request for 100 users of 64 characters is about 7 KiB). */
@@ -96,6 +98,24 @@ export const MailboxInfoSchema = z.object({
   /** Seq of the newest entry retention removed from the shard ("0": none): a cursor at or below it is expired. */
   trim: SeqJson,
 });
+export const EntriesQuerySchema = z
+  .object({
+    /** The `next` of the previous page; left out: from the mailbox's start. */
+    next: z.string().max(1000).optional(),
+    /** Entries per page (default 100). */
+    limit: z.coerce.number().int().min(1).max(MAX_PAGE_ENTRIES).optional(),
+    /** One lane's entries only. */
+    lane: z.string().max(32).optional(),
+  })
+  .strict();
+export const EntriesPageSchema = z.object({
+  case: z.enum(["fresh", "normal", "rebased", "rebased_new_log", "split", "expired", "invalid"]),
+  reason: z.string().optional(),
+  trim: SeqJson.optional(),
+  entries: z.array(z.object({ seq: SeqJson, id: z.string(), lane: z.string(), ts: z.number().int(), body_b64: z.string() })),
+  next: z.string(),
+  more: z.boolean(),
+});
 export const UsersApiErrorSchema = z.object({ error: z.string(), field: z.string().optional() });
 
 export interface UsersApiDeps {
@@ -105,7 +125,8 @@ export interface UsersApiDeps {
   keys: RedisKeys;
   revocationStore: Pick<RevocationStore, "write">;
   registry: RegistryView;
-  mailbox: { watermarks(shard: number, user: string): Promise<Watermarks>; bounds(shard: number): Promise<ShardBounds> };
+  mailbox: MailboxSource;
+  cursors: CursorSigner;
   metrics: GatewayMetrics;
 }
 
@@ -127,9 +148,10 @@ type GatewaysSeenClient = RedisClient & { jgGatewaysSeen(key: string): Promise<s
 /** Serves the users API on `app`. */
 export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps): void {
   const bucket = new TokenBucket(d.config.JETGATE_USERS_API_RATE_PER_S, d.config.JETGATE_USERS_API_RATE_PER_S, Date.now());
-  const route = (method: "get" | "post", path: string, handle: (req: { user?: string; body: unknown }) => Promise<Answer>) => {
+  const route = (method: "get" | "post", path: string, handle: (req: { user?: string; body: unknown; query: URLSearchParams }) => Promise<Answer>) => {
     app[method](path, (res, req) => {
       const auth = req.getHeader("authorization");
+      const query = new URLSearchParams(req.getQuery() ?? "");
       let user = path.includes(":user") ? req.getParameter(0) : undefined;
       const declared = req.getHeader("content-length");
       let aborted = false;
@@ -154,7 +176,7 @@ export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps): void {
       } catch (err) {
         return fail(err);
       }
-      const run = (body: unknown) => void handle({ ...(user !== undefined ? { user } : {}), body }).then(done, fail);
+      const run = (body: unknown) => void handle({ ...(user !== undefined ? { user } : {}), body, query }).then(done, fail);
       if (method === "get") return run(undefined);
       readBody(res, (raw) => {
         if (raw === "too large") return fail(new ApiError("413 Payload Too Large", `request body over ${MAX_USERS_API_BODY} bytes`));
@@ -227,6 +249,25 @@ export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps): void {
   route("post", "/v1/presence", async ({ body }) => {
     const b = parse(PresenceBodySchema, body);
     return presence([...new Set(b.users)]);
+  });
+
+  route("get", "/v1/users/:user/entries", async ({ user, query }) => {
+    const q = parse(EntriesQuerySchema, Object.fromEntries(query));
+    if (q.lane !== undefined && !d.config.JETGATE_LANES.includes(q.lane)) throw new ApiError("400 Bad Request", `lane: not one of this deployment's lanes (${d.config.JETGATE_LANES.join(", ")})`, "lane");
+    let position;
+    try {
+      position = q.next === undefined ? undefined : decodePosition(d.cursors, user!, q.next);
+    } catch (err) {
+      if (err instanceof BadPositionError) throw new ApiError("400 Bad Request", err.message, "next");
+      throw err;
+    }
+    try {
+      const page = await readPage({ registry: d.registry, mailbox: d.mailbox, cursors: d.cursors }, user!, position, { limit: q.limit ?? DEFAULT_PAGE_ENTRIES, ...(q.lane !== undefined ? { lane: q.lane } : {}) });
+      return { status: "200 OK", body: page };
+    } catch (err) {
+      if (err instanceof UnavailableError) throw new ApiError("503 Service Unavailable", err.message, undefined, { "retry-after": String(Math.max(1, Math.ceil(err.retryMs / 1000))) });
+      throw err;
+    }
   });
 
   route("get", "/v1/users/:user/mailbox", async ({ user }) => {

@@ -4,6 +4,7 @@ import { jsonContent, ref, type OpenApiExtension, type PathItem } from "./openap
 import {
   DisconnectBodySchema,
   EndedAnswerSchema,
+  EntriesPageSchema,
   MailboxInfoSchema,
   MAX_USERS_API_BODY,
   PresenceAnswerSchema,
@@ -52,6 +53,7 @@ export const USERS_OPENAPI: OpenApiExtension = {
     RevokedAnswer: { schema: RevokedAnswerSchema, io: "output" },
     PresenceAnswer: { schema: PresenceAnswerSchema, io: "output" },
     MailboxInfo: { schema: MailboxInfoSchema, io: "output" },
+    EntriesPage: { schema: EntriesPageSchema, io: "output" },
     UsersApiError: { schema: UsersApiErrorSchema, io: "output" },
   },
   paths: {
@@ -83,6 +85,21 @@ export const USERS_OPENAPI: OpenApiExtension = {
       "As GET /v1/users/{user}/presence, for many users in one round of asking.",
       "PresenceRequest", "PresenceAnswer", { users: ["alice", "bob"] },
     ),
+    "/v1/users/{user}/entries": {
+      get: {
+        operationId: "entries",
+        summary: "A user's entries, a page at a time, with the cursor cases a device gets",
+        description: `Without \`next\`: from the mailbox's start. With the \`next\` of the previous page: what follows it, decided as a device's AUTH is: \`normal\`; \`rebased\` (an epoch change on the same log: same entries, today's seqs); \`rebased_new_log\` (a rebuild or failover: the new log from its start, entries already read come again with new seqs, same ids); \`split\` (the user moved: the old shard's rest first, then the new shard); \`expired\` (retention passed the position: \`trim\`, entries from the head on); \`invalid\` (not a position of this user: from the start). Entries carry their message \`id\`: dedup by it, as devices do. At most \`limit\` entries (1-${1000}) and about 4 MiB of bodies per page; \`more\` says whether to ask again at once.`,
+        security: [{ serviceToken: [] }],
+        parameters: [
+          userParam,
+          { name: "next", in: "query", required: false, description: "The previous page's `next`.", schema: { type: "string", maxLength: 1000 } },
+          { name: "limit", in: "query", required: false, description: "Entries per page (default 100).", schema: { type: "integer", minimum: 1, maximum: 1000 } },
+          { name: "lane", in: "query", required: false, description: "One lane's entries only.", schema: { type: "string", maxLength: 32 } },
+        ],
+        responses: { "200": { description: "A page. Seqs are decimal strings.", ...jsonContent(ref("EntriesPage")) }, ...common() },
+      },
+    },
     "/v1/users/{user}/mailbox": {
       get: {
         operationId: "mailboxInfo",

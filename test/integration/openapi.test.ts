@@ -182,6 +182,9 @@ test("openapi - the users API: each route's documented example or a good request
     { method: "get", path: "/v1/users/{user}/presence", url: "/v1/users/oa-user/presence", status: 200 },
     { method: "get", path: "/v1/users/{user}/mailbox", url: "/v1/users/oa-user/mailbox", status: 200 },
     { method: "get", path: "/v1/users/{user}/mailbox", url: "/v1/users/no.dots/mailbox", status: 400 },
+    { method: "get", path: "/v1/users/{user}/entries", url: "/v1/users/oa-user/entries?limit=5", status: 200 },
+    { method: "get", path: "/v1/users/{user}/entries", url: "/v1/users/oa-user/entries?limit=0", status: 400 },
+    { method: "get", path: "/v1/users/{user}/entries", url: "/v1/users/oa-user/entries?next=garbage", status: 400 },
   ];
   for (const c of cases) {
     const what = `${c.method.toUpperCase()} ${c.url} ${c.body?.slice(0, 40) ?? ""}`;

@@ -7,14 +7,15 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import WebSocket from "ws";
-import { CloseCode, RedisKeys, seqLabel } from "../../protocol/index.js";
+import { CloseCode, RedisKeys, seqLabel, userHash } from "../../protocol/index.js";
 import { JetgateClient, MemoryCursorStore, type ClientEvent, type WebSocketFactory } from "../../client/index.js";
 import { startStack, spawnGateway, redisClient, type JetgateProcess } from "../harness/stack.js";
 import { deviceToken, TestDevice } from "../harness/device.js";
 import { sleep, waitFor } from "../harness/wait.js";
+import { runCli } from "../harness/cli.js";
 
 const TOKEN = "users-api-secret";
-const stack = await startStack({ env: { JETGATE_SERVICE_TOKEN: TOKEN }, gateway: {} });
+const stack = await startStack({ env: { JETGATE_SERVICE_TOKEN: TOKEN, JETGATE_LANES: "default,chat" }, lanes: ["default", "chat"], gateway: {} });
 const gw1 = stack.gateway!;
 const gw2 = await spawnGateway(stack.infra.env);
 const extra: JetgateProcess[] = [gw2];
@@ -206,6 +207,106 @@ test("users API - bad input and bounds: named 4xx, nothing done", async () => {
   }
   const wrong = await api(gw1, "GET", "/v1/users/sam/presence", undefined, "nope");
   assert.deepEqual([wrong.status, wrong.json.error], [401, "missing or wrong bearer token"]);
+});
+
+interface EntriesPage { case: string; reason?: string; trim?: string; entries: { seq: string; id: string; lane: string; ts: number; body_b64: string }[]; next: string; more: boolean }
+
+async function page(user: string, q: Record<string, string | number> = {}): Promise<EntriesPage> {
+  const qs = new URLSearchParams(Object.entries(q).map(([k, v]) => [k, String(v)])).toString();
+  const r = await api(gw1, "GET", `/v1/users/${user}/entries${qs ? `?${qs}` : ""}`);
+  assert.equal(r.status, 200, JSON.stringify(r.json));
+  return r.json as unknown as EntriesPage;
+}
+
+async function send(user: string, ids: string[], lane = "default"): Promise<bigint[]> {
+  const seqs: bigint[] = [];
+  for (const id of ids) {
+    const [res] = await stack.dispatcher.dispatch({ dispatch_id: id, message_id: id, lane, recipients: [user], body: new TextEncoder().encode(id) });
+    assert.ok(res && !("error" in res), `dispatch ${id} failed`);
+    seqs.push(res.seq);
+  }
+  // processed: the user's head in Redis has the last one
+  await waitFor("processed", async () => (await api(gw1, "GET", `/v1/users/${user}/mailbox`)).json.head === seqs.at(-1)!.toString());
+  return seqs;
+}
+
+/** What a device that AUTHs with the page position `next` is told: the ERROR case (if any) and the ids it gets until SYNCED. */
+async function deviceAnswer(user: string, next: string): Promise<{ error: string | undefined; ids: string[] }> {
+  const p = JSON.parse(Buffer.from(next, "base64url").toString()) as { shard: number; epoch: number; log: string; seq: string; sig: string };
+  const d = await TestDevice.connect(gw2.httpPort);
+  d.send({ t: "AUTH", v: 1, token: await deviceToken(user), device: "probe", cursor: { shard: p.shard, epoch: p.epoch, log: p.log, seq: BigInt(p.seq), sig: new Uint8Array(Buffer.from(p.sig, "base64url")) } });
+  await d.next("SYNCED");
+  const error = d.frames.find((f) => f.t === "ERROR");
+  d.ws.close();
+  return { error: error?.t === "ERROR" ? error.code : undefined, ids: d.entries().map((e) => e.id) };
+}
+
+test("users API - entries: pages from the start, a lane at a time, then what came since; each entry once, in order", async () => {
+  await send("erin", ["e1", "e2", "e3", "e4", "e5"]);
+  await send("erin", ["c1", "c2"], "chat");
+  const first = await page("erin", { limit: 3 });
+  assert.deepEqual([first.case, first.entries.map((e) => e.id), first.more], ["fresh", ["e1", "e2", "e3"], true]);
+  assert.equal(Buffer.from(first.entries[0]!.body_b64, "base64").toString(), "e1");
+  const second = await page("erin", { limit: 3, next: first.next });
+  assert.deepEqual([second.case, second.entries.map((e) => e.id), second.more], ["normal", ["e4", "e5", "c1"], true]);
+  const third = await page("erin", { limit: 3, next: second.next });
+  assert.deepEqual([third.entries.map((e) => e.id), third.more], [["c2"], false]);
+  const seqs = [...first.entries, ...second.entries, ...third.entries].map((e) => BigInt(e.seq));
+  assert.deepEqual(seqs, [...seqs].sort((a, b) => (a < b ? -1 : 1)));
+  assert.deepEqual((await page("erin", { next: third.next })).entries, [], "nothing new yet");
+  await send("erin", ["e6"]);
+  assert.deepEqual((await page("erin", { next: third.next })).entries.map((e) => e.id), ["e6"]);
+  assert.deepEqual((await page("erin", { lane: "chat" })).entries.map((e) => e.id), ["c1", "c2"]);
+  const chat = await page("erin", { lane: "chat", limit: 2 });
+  assert.equal(chat.more, true, "the read stopped at its limit");
+});
+
+test("users API - entries across an E1 rebase and a split: the same case and the same entries a device gets with that position", async () => {
+  const shardOf = (u: string) => stack.registry.shards.shardOf(u)!;
+  // a user in the upper half of its shard's range (a split moves the upper half)
+  const user = Array.from({ length: 200 }, (_, i) => `split${i}`).find((u) => {
+    const s = stack.registry.state.shards.get(shardOf(u))!;
+    const h = userHash(u);
+    return h > s.range.lo + Math.floor((s.range.hi - s.range.lo) / 2);
+  })!;
+  await send(user, ["s1", "s2"]);
+  const before = await page(user);
+  assert.deepEqual(before.entries.map((e) => e.id), ["s1", "s2"]);
+  // E1 by hand: a new epoch on the same log
+  const shard = shardOf(user);
+  const epoch = stack.registry.state.shards.get(shard)!.epoch;
+  const t = await runCli(stack.infra.env, ["shard", "takeover", String(shard)]);
+  assert.equal(t.code, 0, t.text);
+  await waitFor("the worker took the new epoch", async () => (await stack.registry.sync()).shards.get(shard)!.owner !== null && stack.registry.state.shards.get(shard)!.epoch > epoch, { timeoutMs: 15_000 });
+  await send(user, ["s3"]);
+  const rebased = await page(user, { next: before.next });
+  assert.equal(rebased.case, "rebased");
+  assert.deepEqual(rebased.entries.map((e) => e.id), ["s3"]);
+  assert.deepEqual(await deviceAnswer(user, before.next), { error: "CURSOR_REBASED", ids: ["s3"] });
+  // a split moves the user to a new shard; entries after it go there
+  const sp = await runCli(stack.infra.env, ["shard", "split", String(shard)]);
+  assert.equal(sp.code, 0, sp.text);
+  await waitFor("the user moved", async () => (await stack.registry.sync(), shardOf(user) !== shard), { timeoutMs: 15_000 });
+  await send(user, ["s4"]);
+  const split = await page(user, { next: before.next });
+  assert.equal(split.case, "split");
+  assert.deepEqual(split.entries.map((e) => e.id), ["s3", "s4"], "the old shard's rest, then the new shard's");
+  assert.deepEqual(await deviceAnswer(user, before.next), { error: "CURSOR_REBASED", ids: ["s3", "s4"] });
+  const after = await page(user, { next: split.next });
+  assert.deepEqual([after.case, after.entries], ["normal", []]);
+});
+
+test("users API - entries: bad positions, limits and lanes are 400 naming the field; another user's position is `invalid` and starts over", async () => {
+  for (const [q, field] of [[{ next: "nope!" }, "next"], [{ next: Buffer.from("{}").toString("base64url") }, "next"], [{ limit: 0 }, "limit"], [{ limit: 1001 }, "limit"], [{ limit: "x" }, "limit"], [{ lane: "nope" }, "lane"], [{ cursor: "1" }, undefined]] as const) {
+    const qs = new URLSearchParams(Object.entries(q).map(([k, v]) => [k, String(v)])).toString();
+    const r = await api(gw1, "GET", `/v1/users/erin/entries?${qs}`);
+    assert.equal(r.status, 400, `${qs}: ${JSON.stringify(r.json)}`);
+    if (field !== undefined) assert.equal(r.json.field, field, qs);
+  }
+  const erins = await page("erin", { limit: 1 });
+  const stolen = await page("mallory", { next: erins.next });
+  assert.equal(stolen.case, "invalid");
+  assert.match(stolen.reason ?? "", /signature/);
 });
 
 test("users API - off without a service token (503); rate-limited per gateway (429 with Retry-After); a revocation Redis does not take is 503 and done nowhere", async () => {
