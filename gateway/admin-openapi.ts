@@ -1,6 +1,7 @@
 /** The operator console's routes (gateway/admin.ts) in the OpenAPI document. */
 import { z } from "zod";
 import { AdminStateSchema } from "./admin.js";
+import { UserLookupSchema } from "./users-api.js";
 import { jsonContent, inlineSchema, ref, type OpenApiExtension } from "./openapi.js";
 
 const AdminErrorSchema = z.object({ error: z.string() });
@@ -11,6 +12,7 @@ export const ADMIN_OPENAPI: OpenApiExtension = {
   schemas: {
     AdminState: { schema: AdminStateSchema, io: "output" },
     AdminError: { schema: AdminErrorSchema, io: "output" },
+    UserLookup: { schema: UserLookupSchema, io: "output" },
   },
   paths: {
     "/admin/": {
@@ -35,6 +37,26 @@ export const ADMIN_OPENAPI: OpenApiExtension = {
         summary: "The console page's stylesheet",
         security: [],
         responses: { "200": { description: "The stylesheet.", ...jsonContent(text, undefined, "text/css") }, "404": off },
+      },
+    },
+    "/admin/api/user/{user}": {
+      get: {
+        operationId: "adminUserLookup",
+        summary: "The console's user lookup: the mailbox's position, the live sessions (asked of every gateway), the newest 20 entries of the user's shard (bodies by size only)",
+        security: [{ adminToken: [] }],
+        parameters: [{ name: "user", in: "path", required: true, schema: { type: "string", pattern: "^[A-Za-z0-9_-]{1,64}$" } }],
+        responses: {
+          "200": { description: "The user now.", ...jsonContent(ref("UserLookup")) },
+          "400": { description: "Not a user id.", ...jsonContent(ref("AdminError")) },
+          "401": { description: "Missing or wrong bearer token.", ...jsonContent(ref("AdminError")) },
+          "404": off,
+          "429": {
+            description: "Too many wrong tokens from this client address; try again after Retry-After seconds.",
+            headers: { "Retry-After": { description: "Seconds to wait.", schema: { type: "integer", minimum: 1 } } },
+            ...jsonContent(ref("AdminError")),
+          },
+          "503": { description: "The registry or the mailbox did not answer.", ...jsonContent(ref("AdminError")) },
+        },
       },
     },
     "/admin/api/state": {

@@ -24,6 +24,15 @@ export const ADMIN_HTML = /* html */ `<!doctype html>
   <section id="timeline-card" hidden><h2>Epoch history</h2><div id="timeline"></div><div class="legend small" id="legend"></div></section>
   <section id="gateways-card" hidden><h2>Gateways</h2><table id="gateways"></table></section>
   <section id="workers-card" hidden><h2>Workers</h2><table id="workers"></table></section>
+  <section id="user-card" hidden><h2>User</h2>
+    <form id="user-form"><input id="user" placeholder="user id" autocomplete="off"><button>Look up</button><span id="user-error"></span></form>
+    <div id="user-result" hidden>
+      <p class="small" id="user-mailbox"></p>
+      <table id="user-presence"></table>
+      <p class="small">Newest entries of the user's shard (what its devices should have received), newest last:</p>
+      <table id="user-entries"></table>
+    </div>
+  </section>
 </main>
 <script src="/admin/app.js" defer></script>
 </body>
@@ -54,7 +63,8 @@ export const ADMIN_CSS = /* css */ `  :root { --bg:#f6f7f9; --card:#fff; --ink:#
   form { display:flex; gap:8px; align-items:center; }
   input { padding:6px 8px; border:1px solid var(--line); border-radius:4px; width:340px; }
   button { padding:6px 12px; border:0; border-radius:4px; background:var(--bar); color:#fff; cursor:pointer; }
-  #error { color:var(--bad); }
+  #error, #user-error { color:var(--bad); }
+  #user-result table { margin:8px 0; }
   #down-card { border-color:var(--bad); } #down { margin:0; padding-left:18px; color:var(--bad); }
   svg text { font-size:11px; fill:var(--muted); }
   .legend span { margin-right:14px; }
@@ -91,9 +101,34 @@ $("form").addEventListener("submit", (e) => {
   refresh();
 });
 
+$("user-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  lookUp($("user").value.trim());
+});
+
+/** The user lookup: the mailbox's position, the live sessions, the newest entries. */
+async function lookUp(user) {
+  $("user-error").textContent = "";
+  try {
+    const res = await fetch("/admin/api/user/" + encodeURIComponent(user), { headers: { authorization: "Bearer " + token } });
+    const body = await res.json();
+    if (!res.ok) throw new Error(body.error || res.status);
+    const m = body.mailbox;
+    $("user-mailbox").textContent = "shard " + m.shard + " · epoch " + m.epoch + " · log " + m.log + " · head " + m.head_label + " · trim " + m.trim + " · lanes " + Object.entries(m.lanes).map(([l, v]) => l + " " + v).join(", ");
+    table($("user-presence"), ["device", "gateway", "live since"], body.presence.length === 0
+      ? [["no live session", "", ""]]
+      : body.presence.map((p) => [p.device, p.gateway, new Date(p.since).toLocaleString() + " (" + ago(Date.now() - p.since) + ")"]));
+    table($("user-entries"), ["seq (epoch:offset)", "message id", "lane", "dispatched", "bytes"],
+      body.entries.map((e) => [e.seq_label, e.id, e.lane, new Date(e.ts).toLocaleString(), num(e.bytes)]));
+    $("user-result").hidden = false;
+  } catch (err) {
+    $("user-error").textContent = "cannot look it up: " + err.message;
+  }
+}
+
 function render(st) {
   $("login").hidden = true;
-  for (const id of ["shards-card", "timeline-card", "gateways-card", "workers-card"]) $(id).hidden = false;
+  for (const id of ["shards-card", "timeline-card", "gateways-card", "workers-card", "user-card"]) $(id).hidden = false;
   const regressions = st.processes.reduce((n, p) => n + p.regressions, 0);
   $("regressions").replaceChildren(h("span", { class: "pill " + (regressions === 0 ? "ok" : "bad") }, "regressions " + regressions));
   $("meta").textContent = "via gateway " + st.gateway + " · registry record " + st.registry.record + " · " + new Date(st.at).toLocaleTimeString();

@@ -13,6 +13,7 @@ import type { JetStreamManager, StreamInfo } from "@nats-io/jetstream";
 import { z } from "zod";
 import {
   MAX_EPOCH,
+  idProblem,
   MAX_OFFSET,
   ProcessStatsSchema,
   bigintsAsStrings,
@@ -76,6 +77,8 @@ export interface AdminSource {
   registry: RegistryClient;
   /** JETGATE_OPS_KEY: process answers must be signed with one of these. */
   opsKeys?: readonly Uint8Array[];
+  /** The user lookup (gateway/users-api.ts's lookupUser): position, live sessions, newest entries. */
+  lookupUser?: (user: string) => Promise<unknown>;
 }
 
 class DeadlineError extends Error {
@@ -198,27 +201,39 @@ export function serveAdmin(app: Uws.TemplatedApp, config: Config, src: AdminSour
   app.get("/admin/", file("text/html; charset=utf-8", ADMIN_HTML));
   app.get("/admin/app.css", file("text/css; charset=utf-8", ADMIN_CSS));
   app.get("/admin/app.js", file("text/javascript; charset=utf-8", ADMIN_JS));
-  app.get("/admin/api/state", (res, req) => {
-    if (token === undefined) return off(res);
-    const json = (status: string, body: unknown, extra: [string, string][] = []): void =>
-      void res.cork(() => {
-        res.writeStatus(status).writeHeader("content-type", "application/json");
-        for (const [k, v] of [...SECURITY_HEADERS, ...extra]) res.writeHeader(k, v);
-        res.end(`${JSON.stringify(body)}\n`);
-      });
-    const client = clientAddress(res, req);
-    const now = Date.now();
-    const wait = throttle.waitS(client, now);
-    if (wait > 0) return json("429 Too Many Requests", { error: `too many wrong tokens from this address: try again in ${wait} s` }, [["retry-after", String(wait)]]);
-    if (!bearerMatches(req.getHeader("authorization"), token)) {
-      throttle.failed(client, now);
-      return json("401 Unauthorized", { error: "missing or wrong bearer token (JETGATE_ADMIN_TOKEN)" });
-    }
-    let aborted = false;
-    res.onAborted(() => (aborted = true));
-    state().then(
-      (st) => aborted || json("200 OK", st),
-      (err: unknown) => aborted || json("503 Service Unavailable", { error: `cannot read the state: ${(err as Error).message}` }),
-    );
+  /** An API route of the console: the admin token (wrong ones throttled per client), then `answer`. */
+  const api = (path: string, answer: (req: Uws.HttpRequest) => { status: string; body: unknown } | Promise<unknown>) =>
+    app.get(path, (res, req) => {
+      if (token === undefined) return off(res);
+      const json = (status: string, body: unknown, extra: [string, string][] = []): void =>
+        void res.cork(() => {
+          res.writeStatus(status).writeHeader("content-type", "application/json");
+          for (const [k, v] of [...SECURITY_HEADERS, ...extra]) res.writeHeader(k, v);
+          res.end(`${JSON.stringify(body)}\n`);
+        });
+      const client = clientAddress(res, req);
+      const now = Date.now();
+      const wait = throttle.waitS(client, now);
+      if (wait > 0) return json("429 Too Many Requests", { error: `too many wrong tokens from this address: try again in ${wait} s` }, [["retry-after", String(wait)]]);
+      if (!bearerMatches(req.getHeader("authorization"), token)) {
+        throttle.failed(client, now);
+        return json("401 Unauthorized", { error: "missing or wrong bearer token (JETGATE_ADMIN_TOKEN)" });
+      }
+      const a = answer(req);
+      if (!(a instanceof Promise)) return json(a.status, a.body);
+      let aborted = false;
+      res.onAborted(() => (aborted = true));
+      a.then(
+        (body) => aborted || json("200 OK", body),
+        (err: unknown) => aborted || json("503 Service Unavailable", { error: `cannot read it: ${(err as Error).message}` }),
+      );
+    });
+  api("/admin/api/state", () => state());
+  api("/admin/api/user/:user", (req) => {
+    const user = req.getParameter(0) ?? "";
+    const bad = idProblem("user", user);
+    if (bad !== undefined) return { status: "400 Bad Request", body: { error: `user id ${bad}` } };
+    if (src.lookupUser === undefined) return { status: "404 Not Found", body: { error: "the user lookup is not served by this gateway" } };
+    return src.lookupUser(user);
   });
 }

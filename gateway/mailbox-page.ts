@@ -129,3 +129,33 @@ export async function readPage(d: PageDeps, user: string, position: CursorIn | u
     more: full,
   };
 }
+
+/** Offsets the first backward window of `lastEntries` spans; each next one doubles, up to LAST_WINDOWS of them. */
+const LAST_WINDOW = 1024;
+const LAST_WINDOWS = 8;
+
+/**
+ * The user's newest `n` entries in its current shard (the console's user lookup), newest last.
+ * Entries of all users share a shard's offsets, so the read looks back over a window of offsets
+ * below the user's head that doubles until it holds `n` (or reaches the stream's start): at most
+ * LAST_WINDOWS reads, each bounded. Older shards (before a split) are not looked at.
+ */
+export async function lastEntries(d: Pick<PageDeps, "registry" | "mailbox">, user: string, n: number): Promise<Entry[]> {
+  const shard = d.registry.shards.shardOf(user);
+  const s = shard === undefined ? undefined : d.registry.state.shards.get(shard);
+  if (shard === undefined || s === undefined) return [];
+  const wm = await d.mailbox.watermarks(shard, user);
+  if (wm.head === 0n) return [];
+  const head = Number(wm.head & ((1n << 48n) - 1n));
+  const epochOfHead = Number(wm.head >> 48n);
+  let got: Entry[] = [];
+  for (let w = 0, width = LAST_WINDOW; w < LAST_WINDOWS; w++, width *= 2) {
+    const from = Math.max(0, head - width);
+    // the seq just below the window, in the head's numbering: entries of older epochs below it are older still
+    const after = from === 0 ? 0n : (BigInt(epochOfHead) << 48n) | BigInt(from);
+    got = [];
+    for await (const page of d.mailbox.read(shard, user, after, { until: wm.head, limit: 100_000 })) got.push(...page.entries);
+    if (got.length >= n || from === 0) break;
+  }
+  return got.slice(-n);
+}

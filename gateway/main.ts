@@ -34,7 +34,7 @@ import { GatewayMetrics } from "./metrics.js";
 import { Presence } from "./presence.js";
 import { ControlHandler } from "./control.js";
 import { RevocationStore, Revocations } from "./revocations.js";
-import type { UsersApiDeps } from "./users-api.js";
+import { lookupUser, type UsersApiDeps } from "./users-api.js";
 import { NatsPushSource } from "./push-source.js";
 import { RouteTable } from "./routes.js";
 import { startServer } from "./server.js";
@@ -126,7 +126,10 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   });
   const stats = answerStats(nc, { kind: "gateway", id: gatewayId, regressions: metrics.regressions, health, extra: () => ({ connections: sessions.all.size }) }, config.JETGATE_OPS_KEY);
   let jsm: Promise<JetStreamManager> | undefined;
-  const admin = { gatewayId, nc, jsm: () => (jsm ??= jetstreamManager(nc)), redis, keys, registry, opsKeys: config.JETGATE_OPS_KEY };
+  const admin = {
+    gatewayId, nc, jsm: () => (jsm ??= jetstreamManager(nc)), redis, keys, registry, opsKeys: config.JETGATE_OPS_KEY,
+    lookupUser: (user: string) => lookupUser({ nc, redis, keys, registry, mailbox }, user),
+  };
   const usersApi: UsersApiDeps = { config, nc, redis, keys, revocationStore, registry, mailbox, cursors: ctx.cursors, metrics };
   const server = await startServer(uws, config, ctx, dispatcher, () => health.problems(), admin, usersApi);
   log.info({ port: server.port, opsPort: (ops.address() as AddressInfo).port, native }, "gateway listening");

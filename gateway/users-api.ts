@@ -28,7 +28,7 @@ import type { ShardBounds } from "./auth-decision.js";
 import type { MailboxSource, RegistryView, Watermarks } from "./ports.js";
 import { TokenBucket } from "./rate-limit.js";
 import { UnavailableError } from "./gather.js";
-import { BadPositionError, DEFAULT_PAGE_ENTRIES, MAX_PAGE_ENTRIES, decodePosition, readPage } from "./mailbox-page.js";
+import { BadPositionError, DEFAULT_PAGE_ENTRIES, MAX_PAGE_ENTRIES, decodePosition, lastEntries, readPage } from "./mailbox-page.js";
 import type { Revocation, RevocationStore } from "./revocations.js";
 
 /** Largest request body of this API (a presence request for 100 users of 64 characters is about 7 KiB). */
@@ -191,21 +191,8 @@ export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps): void {
     });
   };
 
-  const liveGateways = async (): Promise<number | null> => {
-    try {
-      const [now, ...rest] = await (d.redis as GatewaysSeenClient).jgGatewaysSeen(d.keys.gateways());
-      let n = 0;
-      for (let i = 1; i < rest.length; i += 2) if (Number(rest[i]) >= Number(now) - LIVE_BEAT_S) n++;
-      return n;
-    } catch {
-      return null;
-    }
-  };
-  const ask = async (subject: string, body: unknown): Promise<{ replies: ControlReply[]; gateways: { answered: number; live: number | null } }> => {
-    const live = await liveGateways();
-    const replies = await askGateways(d.nc, subject, body, live ?? undefined, ASK_WAIT_MS);
-    return { replies, gateways: { answered: replies.length, live } };
-  };
+  const lookups = userLookups(d);
+  const ask = lookups.ask;
   const ended = (replies: ControlReply[]) => replies.reduce((n, r) => n + (r.ended ?? 0), 0);
 
   route("post", "/v1/users/:user/disconnect", async ({ user, body }) => {
@@ -238,17 +225,10 @@ export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps): void {
     };
   });
 
-  const presence = async (users: readonly string[]): Promise<Answer> => {
-    const { replies, gateways } = await ask(CONTROL_SUBJECTS.presence, { users });
-    const out: Record<string, Omit<PresentSession, "user">[]> = Object.fromEntries(users.map((u) => [u, []]));
-    for (const r of replies) for (const s of r.sessions ?? []) out[s.user]?.push({ device: s.device, gateway: r.gateway, since: s.since });
-    for (const list of Object.values(out)) list.sort((a, b) => a.since - b.since || a.device.localeCompare(b.device));
-    return { status: "200 OK", body: { users: out, gateways } };
-  };
-  route("get", "/v1/users/:user/presence", async ({ user }) => presence([user!]));
+  route("get", "/v1/users/:user/presence", async ({ user }) => ({ status: "200 OK", body: await lookups.presence([user!]) }));
   route("post", "/v1/presence", async ({ body }) => {
     const b = parse(PresenceBodySchema, body);
-    return presence([...new Set(b.users)]);
+    return { status: "200 OK", body: await lookups.presence([...new Set(b.users)]) };
   });
 
   route("get", "/v1/users/:user/entries", async ({ user, query }) => {
@@ -271,25 +251,84 @@ export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps): void {
   });
 
   route("get", "/v1/users/:user/mailbox", async ({ user }) => {
-    const shard = d.registry.shards.shardOf(user!);
-    const s = shard === undefined ? undefined : d.registry.state.shards.get(shard);
-    if (shard === undefined || s === undefined) throw new ApiError("503 Service Unavailable", "no active shard owns this user in the registry (is it loaded?)", undefined, { "retry-after": "2" });
-    let wm: Watermarks;
-    let bounds: ShardBounds;
     try {
-      [wm, bounds] = await Promise.all([d.mailbox.watermarks(shard, user!), d.mailbox.bounds(shard)]);
+      return { status: "200 OK", body: await lookups.mailbox(user!) };
     } catch (err) {
-      throw new ApiError("503 Service Unavailable", `the mailbox did not answer (${(err as Error).message})`, undefined, { "retry-after": "2" });
+      if (err instanceof LookupUnavailable) throw new ApiError("503 Service Unavailable", err.message, undefined, { "retry-after": "2" });
+      throw err;
     }
-    const str = (v: MailboxSeq) => v.toString();
-    return {
-      status: "200 OK",
-      body: {
-        user: user!, shard, epoch: s.epoch, log: s.log, head: str(wm.head), head_label: seqLabel(wm.head),
-        lanes: Object.fromEntries([...wm.lanes].map(([l, v]) => [l, str(v)])), trim: str(bounds.trim),
-      },
-    };
   });
+}
+
+/** Entries the console's user lookup shows. */
+export const LOOKUP_ENTRIES = 20;
+
+export const UserLookupSchema = z.object({
+  mailbox: MailboxInfoSchema,
+  presence: z.array(z.object({ device: z.string(), gateway: z.string(), since: z.number().int() })),
+  gateways: GatewaysAnswered,
+  /** The newest entries of the user's shard, newest last: what its devices should have received (bodies by size only). */
+  entries: z.array(z.object({ seq: SeqJson, seq_label: z.string(), id: z.string(), lane: z.string(), ts: z.number().int(), bytes: z.number().int() })),
+});
+export type UserLookup = z.output<typeof UserLookupSchema>;
+
+/** The console's user lookup: the mailbox's position, the live sessions, the newest entries. */
+export async function lookupUser(d: Pick<UsersApiDeps, "nc" | "redis" | "keys" | "registry" | "mailbox">, user: string): Promise<UserLookup> {
+  const l = userLookups(d);
+  const [mailbox, presence, entries] = await Promise.all([l.mailbox(user), l.presence([user]), lastEntries(d, user, LOOKUP_ENTRIES)]);
+  return {
+    mailbox, presence: presence.users[user] ?? [], gateways: presence.gateways,
+    entries: entries.map((e) => ({ seq: e.seq.toString(), seq_label: seqLabel(e.seq), id: e.id, lane: e.lane, ts: e.ts, bytes: e.b.byteLength })),
+  };
+}
+
+/** A dependency did not answer a lookup. */
+export class LookupUnavailable extends Error {}
+
+/** What the users API and the console's user lookup both read. */
+export function userLookups(d: Pick<UsersApiDeps, "nc" | "redis" | "keys" | "registry" | "mailbox">) {
+  const liveGateways = async (): Promise<number | null> => {
+    try {
+      const [now, ...rest] = await (d.redis as GatewaysSeenClient).jgGatewaysSeen(d.keys.gateways());
+      let n = 0;
+      for (let i = 1; i < rest.length; i += 2) if (Number(rest[i]) >= Number(now) - LIVE_BEAT_S) n++;
+      return n;
+    } catch {
+      return null;
+    }
+  };
+  const ask = async (subject: string, body: unknown): Promise<{ replies: ControlReply[]; gateways: { answered: number; live: number | null } }> => {
+    const live = await liveGateways();
+    const replies = await askGateways(d.nc, subject, body, live ?? undefined, ASK_WAIT_MS);
+    return { replies, gateways: { answered: replies.length, live } };
+  };
+  return {
+    ask,
+    async presence(users: readonly string[]): Promise<z.output<typeof PresenceAnswerSchema>> {
+      const { replies, gateways } = await ask(CONTROL_SUBJECTS.presence, { users });
+      const out: Record<string, Omit<PresentSession, "user">[]> = Object.fromEntries(users.map((u) => [u, []]));
+      for (const r of replies) for (const s of r.sessions ?? []) out[s.user]?.push({ device: s.device, gateway: r.gateway, since: s.since });
+      for (const list of Object.values(out)) list.sort((a, b) => a.since - b.since || a.device.localeCompare(b.device));
+      return { users: out, gateways };
+    },
+    async mailbox(user: string): Promise<z.output<typeof MailboxInfoSchema>> {
+      const shard = d.registry.shards.shardOf(user);
+      const s = shard === undefined ? undefined : d.registry.state.shards.get(shard);
+      if (shard === undefined || s === undefined) throw new LookupUnavailable("no active shard owns this user in the registry (is it loaded?)");
+      let wm: Watermarks;
+      let bounds: ShardBounds;
+      try {
+        [wm, bounds] = await Promise.all([d.mailbox.watermarks(shard, user), d.mailbox.bounds(shard)]);
+      } catch (err) {
+        throw new LookupUnavailable(`the mailbox did not answer (${(err as Error).message})`);
+      }
+      const str = (v: MailboxSeq) => v.toString();
+      return {
+        user, shard, epoch: s.epoch, log: s.log, head: str(wm.head), head_label: seqLabel(wm.head),
+        lanes: Object.fromEntries([...wm.lanes].map(([l, v]) => [l, str(v)])), trim: str(bounds.trim),
+      };
+    },
+  };
 }
 
 /** The service token, then the rate: 503 without a service token, 401 with a wrong one, 429 past the rate. */

@@ -11,6 +11,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { chromium, type Browser } from "playwright-core";
+import { UserLookupSchema } from "../../gateway/users-api.js";
 import { AdminStateSchema } from "../../gateway/admin.js";
 import { redisClient, startStack, spawnGateway, spawnWorker, type JetgateProcess } from "../harness/stack.js";
 import { runCli } from "../harness/cli.js";
@@ -162,6 +163,30 @@ test("console - a dependency that does not answer is named, the rest shown: Redi
   }
 });
 
+test("console - the user lookup: 401 without the token, 400 for a bad id, else the mailbox's position, the live sessions and the newest entries", async () => {
+  const lookup = (user: string, token?: string) => fetch(`${base()}/admin/api/user/${user}`, { headers: token === undefined ? {} : { authorization: `Bearer ${token}` } });
+  assert.equal((await lookup("lu0")).status, 401);
+  const bad = await lookup("a.b", TOKEN);
+  assert.equal(bad.status, 400);
+  assert.match(((await bad.json()) as { error: string }).error, /user id/);
+  const dev = await TestDevice.connect(extra[1]!.httpPort);
+  devices.push(dev);
+  dev.send({ t: "AUTH", v: 1, token: await deviceToken("lu0"), device: "tab" });
+  await dev.next("SYNCED");
+  const ids = Array.from({ length: 25 }, (_, i) => `lu${i}`);
+  for (const id of ids) await stack.dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: ["lu0"], body: new Uint8Array(3) });
+  const body = await waitFor("every entry processed", async () => {
+    const r = await lookup("lu0", TOKEN);
+    const b = UserLookupSchema.parse(await r.json());
+    return b.entries.at(-1)?.id === "lu24" ? b : undefined;
+  });
+  assert.deepEqual(body.entries.map((e) => e.id), ids.slice(5), "the newest 20, newest last");
+  assert.equal(body.entries[0]!.bytes, 3);
+  assert.equal(body.mailbox.shard, stack.registry.shards.shardOf("lu0"));
+  assert.equal(body.mailbox.head, body.entries.at(-1)!.seq);
+  assert.deepEqual(body.presence.map((p) => p.device), ["tab"]);
+});
+
 test("console - in Chromium: the token, the shards with their bars, the processes, and a split done with the CLI appears", async () => {
   browser = await chromium.launch({
     executablePath: CHROMIUM,
@@ -193,6 +218,13 @@ test("console - in Chromium: the token, the shards with their bars, the processe
   await page.waitForFunction(() => Array.from(document.querySelectorAll("#gateways td.num")).some((td) => td.textContent === "2"));
   assert.match(await page.textContent("#regressions") ?? "", /regressions 0/);
 
+  // the user lookup (before the split: it reads the user's current shard): the mailbox's position, the device online, the newest entries
+  await page.fill("#user", "cu0");
+  await page.click("#user-form button");
+  await page.waitForSelector("#user-entries tr:nth-child(2)");
+  assert.match(await page.textContent("#user-mailbox") ?? "", /shard \d+ · epoch \d+ · log \S+ · head \d+ \(\d+:\d+\)/);
+  assert.equal(await page.textContent("#user-presence tr:nth-child(2) td:first-child"), "d1");
+  assert.equal(await page.locator("#user-entries tr").count(), 11, "a header and cu0's ten entries");
   const split = await runCli(stack.infra.env, ["shard", "split", "0"]);
   assert.equal(split.code, 0, split.text);
   await page.waitForSelector("#shards tr:nth-child(4)", { timeout: 15_000 });
