@@ -111,13 +111,15 @@ test("users API - revoke: live sessions with older tokens end on both gateways; 
     n.send({ t: "AUTH", v: 1, token: await deviceToken("vic", { issuedAt: null }), device: "laptop" });
     assert.match((await n.next("ERROR")).msg, /token revoked/);
   }
-  // REFRESH with an old token on a session that AUTHed with a new one
-  const d = await TestDevice.connect(gw3.httpPort);
-  d.send({ t: "AUTH", v: 1, token: await deviceToken("vic", { issuedAt: before }), device: "watch" });
-  await d.next("SYNCED");
-  d.send({ t: "REFRESH", token: await deviceToken("vic", { issuedAt: old }) });
-  assert.match((await d.next("ERROR")).msg, /refresh refused: token revoked/);
-  await waitFor("closed 4401", () => d.closed?.code === CloseCode.UNAUTHENTICATED);
+  // REFRESH with an old token on a session that AUTHed with a new one, on every gateway
+  for (const gw of [gw1, gw2, gw3]) {
+    const d = await TestDevice.connect(gw.httpPort);
+    d.send({ t: "AUTH", v: 1, token: await deviceToken("vic", { issuedAt: before }), device: "watch" });
+    await d.next("SYNCED");
+    d.send({ t: "REFRESH", token: await deviceToken("vic", { issuedAt: old }) });
+    assert.match((await d.next("ERROR")).msg, /refresh refused: token revoked/);
+    await waitFor("closed 4401", () => d.closed?.code === CloseCode.UNAUTHENTICATED);
+  }
   // another user's old token is fine
   const o = await TestDevice.connect(gw1.httpPort);
   o.send({ t: "AUTH", v: 1, token: await deviceToken("walt", { issuedAt: old }), device: "phone" });
