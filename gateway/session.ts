@@ -93,6 +93,8 @@ export class Session implements HubMember {
   issuedAt: number | undefined;
   private delivery = new Delivery(undefined, MAX_HELD_PUSHES);
   private chain: Promise<void> = Promise.resolve();
+  /** REFRESH frames, one after the other. */
+  private refreshes: Promise<void> = Promise.resolve();
   private pendingSteps = 0;
   private drainWaiter: (() => void) | undefined;
   private authTimer: NodeJS.Timeout | undefined;
@@ -162,7 +164,13 @@ export class Session implements HubMember {
         // Not on the chain: an ingress publish must not wait behind a long catch-up.
         return void this.sendUpstream(frame);
       case "REFRESH":
-        return void this.refresh(frame);
+        // Not on the chain either (a token must not expire behind a catch-up), but in order among
+        // themselves: the expiry is the last frame's, whichever verification finishes first.
+        this.refreshes = this.refreshes.then(() => this.refresh(frame)).catch((err: unknown) => {
+          this.p.log.error({ err, session: this.id }, "refresh failed");
+          this.fail(Disconnect.INTERNAL, "internal error");
+        });
+        return;
     }
   }
 

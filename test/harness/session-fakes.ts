@@ -295,6 +295,8 @@ export interface SessionRig {
   /** The revocations the sessions check (loaded: empty), and the `iat` of the tokens the fake verifier accepts. */
   revocations: Revocations;
   issued: { at: number | undefined };
+  /** Tokens (any text) the fake verifier takes `delayMs` to accept, for `user`, expiring at `expiresAt`. */
+  tokenPlan: Map<string, { user: string; delayMs: number; expiresAt: number }>;
   /** A new session on a recording transport. */
   connect(id?: string): { session: Session; t: RecordingTransport };
 }
@@ -312,12 +314,18 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
   const issued: { at: number | undefined } = { at: Math.floor(Date.now() / 1000) };
   const revocations = new Revocations();
   revocations.load([], Date.now());
+  const tokenPlan: SessionRig["tokenPlan"] = new Map();
   const ports: SessionPorts = {
     config,
     log: pino({ level: "silent" }),
     metrics: new GatewayMetrics(),
     tokens: {
       verify: async (token) => {
+        const planned = tokenPlan.get(token);
+        if (planned !== undefined) {
+          await new Promise((r) => setTimeout(r, planned.delayMs));
+          return { user: planned.user, device: undefined, expiresAt: planned.expiresAt, issuedAt: issued.at };
+        }
         if (!/^[a-z0-9]+$/.test(token)) throw new Error("token refused");
         return { user: token, device: undefined, expiresAt: Date.now() + 3_600_000, issuedAt: issued.at };
       },
@@ -340,7 +348,7 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
   };
   let n = 0;
   return {
-    registry, mailbox, hub, routes, ports, acks, sent, revocations, issued,
+    registry, mailbox, hub, routes, ports, acks, sent, revocations, issued, tokenPlan,
     connect(id = `s${++n}`) {
       const t = new RecordingTransport();
       const session = new Session(id, t, ports);

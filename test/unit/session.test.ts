@@ -526,3 +526,20 @@ test("session - revoked tokens: refused at AUTH (4401), at REFRESH, and any AUTH
   assert.equal(errorOf(b.t, ErrorCode.UNAVAILABLE)!.msg, "token revocations not loaded yet: reconnect");
   assert.equal(b.t.closed!.code, CloseCode.UNAVAILABLE);
 });
+
+test("session - two REFRESH frames take effect in the order they were sent, however long each verification takes", async () => {
+  const r = rig();
+  const { s, t } = await auth(r);
+  const now = Date.now();
+  // the first takes longer to verify than the second
+  r.tokenPlan.set("first.token", { user: U, delayMs: 80, expiresAt: now + 2 * 3_600_000 });
+  r.tokenPlan.set("second.token", { user: U, delayMs: 0, expiresAt: now + 3 * 3_600_000 });
+  frame(s, { t: "REFRESH", id: 1, token: "first.token" });
+  frame(s, { t: "REFRESH", id: 2, token: "second.token" });
+  await t.until((f) => f.filter((x) => x.t === "REFRESH_OK").length === 2, "both REFRESH_OK");
+  assert.deepEqual(t.of("REFRESH_OK").map((x) => x.id), [1, 2], "answered in order");
+  s.expireIfDue(now + 2 * 3_600_000 + 1);
+  assert.equal(t.closed, undefined, "the expiry is the second token's, sent last");
+  s.expireIfDue(now + 3 * 3_600_000);
+  assert.deepEqual(t.closed, { code: 4401, reason: "token expired" });
+});
