@@ -22,6 +22,12 @@ export class ShardNotReadyError extends JetgateError {
   }
 }
 
+/**
+ * How soon a device sent away because the registry or a stream did not answer (or a shard was not
+ * ready) should come back (`retry_ms`): one value for every such case.
+ */
+export const RETRY_LATER_MS = 2000;
+
 /** The registry or the streams could not answer in time: the device should come back later. */
 export class UnavailableError extends JetgateError {
   constructor(
@@ -81,7 +87,7 @@ export async function gather(
     } catch (err) {
       if (!(err instanceof ShardNotReadyError)) throw err;
       if (attempt >= retries || opts.closed?.() === true) {
-        throw new UnavailableError(`${err.message}; reconnect later`, 2000, { cause: err });
+        throw new UnavailableError(`${err.message}; reconnect later`, RETRY_LATER_MS, { cause: err });
       }
       await new Promise((r) => setTimeout(r, backoffCeiling(attempt, NOT_READY_BACKOFF)));
     }

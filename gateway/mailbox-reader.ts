@@ -40,7 +40,7 @@ import {
 } from "../protocol/index.js";
 import type { ShardBounds } from "./auth-decision.js";
 import { followChain, type ChainRow } from "./cache-coverage.js";
-import { ShardNotReadyError, UnavailableError } from "./gather.js";
+import { RETRY_LATER_MS, ShardNotReadyError, UnavailableError } from "./gather.js";
 import type { MailboxSource, ReadOptions, Source, Watermarks } from "./ports.js";
 import { firstOffsetAbove } from "./positions.js";
 
@@ -58,8 +58,6 @@ function leaderGet(jsm: JetStreamManager, stream: string, query: { last_by_subj:
 const BOUNDS_CACHE_MS = 1000;
 /** How soon a device closed because this gateway's registry view is behind its shard's stream should come back. */
 const VIEW_BEHIND_RETRY_MS = 1000;
-/** How soon a device closed because its stream did not answer should come back. */
-const NOT_ANSWERED_RETRY_MS = 2000;
 
 /**
  * What a failed stream call of `shard` means to a session: a stream the registry names but that is
@@ -72,7 +70,7 @@ export function streamCallError(err: unknown, shard: number, inRegistry: boolean
   // event loop was too busy to see them (the hot benchmark); the device resumes by cursor
   const missed = err instanceof JetStreamError && err.message === "heartbeats missed";
   if (err instanceof TimeoutError || err instanceof RequestError || err instanceof NoRespondersError || err instanceof ClosedConnectionError || missed) {
-    return new UnavailableError(`shard ${shard}'s stream did not answer (${(err as Error).message}); reconnect`, NOT_ANSWERED_RETRY_MS, { cause: err });
+    return new UnavailableError(`shard ${shard}'s stream did not answer (${(err as Error).message}); reconnect`, RETRY_LATER_MS, { cause: err });
   }
   return err;
 }

@@ -9,7 +9,7 @@
  * until it reconnects; sessions of one device on one gateway are always replaced.
  */
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import type { RedisClient, RedisKeys } from "../protocol/index.js";
+import { kickSubject, type RedisClient, type RedisKeys } from "../protocol/index.js";
 
 
 type PresenceClient = RedisClient & {
@@ -39,7 +39,7 @@ export class Presence {
   }
 
   start(): void {
-    this.sub = this.nc.subscribe(`jetgate.kick.${this.gatewayId}`, {
+    this.sub = this.nc.subscribe(kickSubject(this.gatewayId), {
       callback: (_err, m) => {
         try {
           const k = m.json<Kick>();
@@ -67,7 +67,7 @@ export class Presence {
     if (old === undefined || !/^[A-Za-z0-9_-]{1,64}$/.test(gw)) return "claimed";
     const kick: Kick = { user, device, session: old };
     if (gw === this.gatewayId) this.onKick(kick);
-    else this.nc.publish(`jetgate.kick.${gw}`, JSON.stringify(kick));
+    else this.nc.publish(kickSubject(gw), JSON.stringify(kick));
     return "claimed";
   }
 

@@ -34,7 +34,7 @@ import {
 import { planAnswer, type AnswerFor } from "./answer.js";
 import type { CursorIn } from "./auth-decision.js";
 import { Delivery } from "./delivery.js";
-import { gatherAndDecide, ShardNotReadyError, UnavailableError, type Gathered } from "./gather.js";
+import { gatherAndDecide, RETRY_LATER_MS, ShardNotReadyError, UnavailableError, type Gathered } from "./gather.js";
 import { pullRanges } from "./positions.js";
 import type { HubMember, SessionPorts, Transport, Watermarks } from "./ports.js";
 import { TokenBucket } from "./rate-limit.js";
@@ -49,7 +49,6 @@ export type SessionState =
   | { type: "closed"; code: number };
 
 /** How soon a device closed because a live read found its shard not ready should come back. */
-const SHARD_NOT_READY_RETRY_MS = 2000;
 
 /** An entry's bytes, encoded once however many sessions send it (fan-out shares the Entry object). */
 const encodings = new WeakMap<Entry, Uint8Array>();
@@ -286,7 +285,7 @@ export class Session implements HubMember {
         // yet: the device resumes by cursor and loses nothing (4500 would name a server fault).
         if (err instanceof UnavailableError || err instanceof ShardNotReadyError) {
           this.p.log.warn({ err: err.message, session: this.id, user: this.user }, "session step: not ready");
-          const retryMs = err instanceof UnavailableError ? err.retryMs : SHARD_NOT_READY_RETRY_MS;
+          const retryMs = err instanceof UnavailableError ? err.retryMs : RETRY_LATER_MS;
           this.fail(Disconnect.UNAVAILABLE, err.message, { retry_ms: retryMs });
           return;
         }
@@ -386,7 +385,7 @@ export class Session implements HubMember {
     if (this.closed) return false;
     if (!synced) {
       this.p.metrics.authOutcomes.inc({ case: "registry_unavailable" });
-      this.fail(Disconnect.UNAVAILABLE, "registry unavailable: reconnect later", { retry_ms: 2000 });
+      this.fail(Disconnect.UNAVAILABLE, "registry unavailable: reconnect later", { retry_ms: RETRY_LATER_MS });
       return false;
     }
     return true;

@@ -102,6 +102,11 @@ export const RegistryRecordSchema = z.object({
 });
 export type RegistryRecord = z.output<typeof RegistryRecordSchema>;
 
+/** A record of `op` by `by` (a worker id, `cli`) with the new states of `shards`, stamped now. */
+export function registryRecord(op: RegistryRecord["op"], by: string, shards: ShardState[]): RegistryRecord {
+  return { v: 1, op, at: Date.now(), by, shards };
+}
+
 /** JSON.stringify's replacer for seqs: bigints as decimal strings, the registry's JSON form. */
 export function bigintsAsStrings(_key: string, v: unknown): unknown {
   return typeof v === "bigint" ? v.toString() : v;

@@ -80,6 +80,16 @@ export function ingressMsgId(user: string, device: string, cmid: string): string
   return `${assertId("user", user)}:${assertId("device", device)}:${assertId("cmid", cmid)}`;
 }
 
+/** Where a gateway is told to close one of its sessions that a newer one of its device replaced (gateway/presence.ts). */
+export function kickSubject(gateway: string): string {
+  return `jetgate.kick.${assertId("gateway", gateway)}`;
+}
+
+/** Subject a shard stream is moved to during a rebuild, so nothing more is appended to it (worker/shard-ops.ts). */
+export function frozenSubject(shard: number): string {
+  return `jetgate.frozen.${assertShard(shard)}`;
+}
+
 /**
  * Requests from the gateway that took a backend's call (HTTP, service token) to every gateway, each
  * answering with what it did or holds (NATS request, many replies). jetgate's own NATS user only

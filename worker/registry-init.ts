@@ -11,6 +11,7 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import {
+  registryRecord,
   RegistryClient,
   ensureStream,
   ingressStreamConfig,
@@ -46,13 +47,7 @@ export async function initRegistry(
     const written = await registry.update((state) =>
       state.shards.size > 0
         ? null
-        : {
-            v: 1,
-            op: "init",
-            at: Date.now(),
-            by: settings.by,
-            shards: initialShards(settings.shards, Array.from({ length: settings.shards }, newLogId)),
-          },
+        : registryRecord("init", settings.by, initialShards(settings.shards, Array.from({ length: settings.shards }, newLogId))),
     );
     const report: InitReport = {
       registryCreated: reg.created,

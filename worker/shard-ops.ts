@@ -13,6 +13,7 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager, type JetStreamManager, type StreamInfo } from "@nats-io/jetstream";
 import {
+  registryRecord,
   processingFloor,
   seqLabel,
   JetgateError,
@@ -29,6 +30,7 @@ import {
   newLogId,
   planTakeover,
   registryStreamConfig,
+  frozenSubject,
   shardStream,
   shardStreamConfig,
   shardSubjects,
@@ -62,10 +64,6 @@ export function rebuildHoldStream(shard: number): string {
   return `${shardStream(shard)}_REBUILD`;
 }
 
-/** Subject a stream is moved to so that nothing more can be appended to it (a rebuild's freeze). */
-function frozenSubject(shard: number): string {
-  return `jetgate.frozen.${shard}`;
-}
 
 async function withRegistry<T>(ctx: OpsContext, fn: (registry: RegistryClient, jsm: JetStreamManager) => Promise<T>): Promise<T> {
   const registry = await RegistryClient.open(ctx.nc);
@@ -172,7 +170,7 @@ export async function takeoverShard(ctx: OpsContext, shard: number): Promise<voi
       }
       // the same start a worker's own takeover would take (a claimed epoch: a bump)
       const start = planTakeover(s, floor).boundaryStart;
-      return { v: 1, op: "takeover", at: Date.now(), by: ctx.by, shards: [bumpEpoch(s, { cause: "takeover", start_offset: start, owner: null })] };
+      return registryRecord("takeover", ctx.by, [bumpEpoch(s, { cause: "takeover", start_offset: start, owner: null })]);
     });
     if (written === null) {
       const u = unclaimed!;
@@ -226,7 +224,7 @@ export async function splitShardOp(ctx: OpsContext, shard: number, opts: { child
       if (p.range.lo !== parent.range.lo || p.range.hi !== parent.range.hi) throw new OperationError(`shard ${shard} changed range meanwhile; run again`);
       // Never cut below the current boundary: what is below it has been numbered already.
       const cutOffset = Math.max(info.state.last_seq, p.boundaries[p.boundaries.length - 1]!.start_offset - 1);
-      return { v: 1, op: "split", at: Date.now(), by: ctx.by, shards: splitShard(p, { child, childLog, moved, cutOffset }) };
+      return registryRecord("split", ctx.by, splitShard(p, { child, childLog, moved, cutOffset }));
     });
     const state = written!.state;
     const p = state.shards.get(shard)!;
@@ -306,7 +304,7 @@ export async function rebuildShard(ctx: OpsContext, shard: number): Promise<void
       const before = s.epoch;
       const written = await registry.update((state) => {
         const cur = state.shards.get(shard)!;
-        return { v: 1, op: "rebuild", at: Date.now(), by: ctx.by, shards: [bumpEpoch(cur, { cause: "rebuild", log: newLogId(), start_offset: 1, prev_end_offset: oldLast, owner: null })] };
+        return registryRecord("rebuild", ctx.by, [bumpEpoch(cur, { cause: "rebuild", log: newLogId(), start_offset: 1, prev_end_offset: oldLast, owner: null })]);
       });
       s = written!.state.shards.get(shard)!;
       ctx.out(`shard ${shard}: epoch ${before} -> ${s.epoch} on new log ${s.log}; prev_end_seq ${seqLabel(s.boundaries[s.boundaries.length - 1]!.prev_end_seq)}`);
@@ -426,10 +424,9 @@ export async function failover(ctx: OpsContext, epochMargin: number): Promise<vo
     // Shards whose copy is not yet the registry's log and whose last boundary is not this failover's.
     const toBump = [...copies.keys()].filter((id) => registry.state.shards.get(id)!.boundaries.at(-1)!.cause !== "failover");
     if (toBump.length > 0) {
-      const written = await registry.update((state) => ({
-        v: 1, op: "failover", at: Date.now(), by: ctx.by,
-        shards: toBump.map((id) => bumpEpoch(state.shards.get(id)!, { cause: "failover", log: newLogId(), start_offset: 1, epochs: epochMargin, owner: null })),
-      }));
+      const written = await registry.update((state) =>
+        registryRecord("failover", ctx.by, toBump.map((id) => bumpEpoch(state.shards.get(id)!, { cause: "failover", log: newLogId(), start_offset: 1, epochs: epochMargin, owner: null }))),
+      );
       for (const id of toBump) {
         const s = written!.state.shards.get(id)!;
         ctx.out(`shard ${id}: epoch -> ${s.epoch} (margin ${epochMargin}) on log ${s.log}`);

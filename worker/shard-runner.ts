@@ -36,6 +36,7 @@ import {
   type JsMsg,
 } from "@nats-io/jetstream";
 import {
+  registryRecord,
   backoffCeiling,
   isWorkerConsumer,
   processingFloor,
@@ -238,7 +239,7 @@ export class ShardRunner {
         mode !== "bump"
           ? claimEpoch(s, this.d.workerId)
           : bumpEpoch(s, { cause: "takeover", start_offset: boundaryStart, owner: this.d.workerId });
-      return { v: 1, op: "takeover", at: Date.now(), by: this.d.workerId, shards: [mine] };
+      return registryRecord("takeover", this.d.workerId, [mine]);
     });
     if (written === null || mine === undefined) {
       this.stateValue = { type: "stopped", reason: "lost the takeover race" };
@@ -329,7 +330,7 @@ export class ShardRunner {
       const write = this.d.registry.update((state) => {
         const s = state.shards.get(this.shard);
         if (s === undefined || s.epoch !== epoch || s.owner !== this.d.workerId) return null;
-        return { v: 1, op: "release", at: Date.now(), by: this.d.workerId, shards: [releaseEpoch(s, this.d.workerId, offset)] };
+        return registryRecord("release", this.d.workerId, [releaseEpoch(s, this.d.workerId, offset)]);
       });
       // a write that answers after the timeout must not become an unhandled rejection
       write.catch(() => undefined);

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { AckPolicy, DeliverPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
-  REGISTRY_STREAM, RegistryClient, bumpEpoch, claimEpoch, encodeStoredEntry, entrySubject, halfRange, loadConfig, logOfStream, newLogId, shardStream, shardStreamConfig,
+  REGISTRY_STREAM, RegistryClient, bumpEpoch, frozenSubject, claimEpoch, encodeStoredEntry, entrySubject, halfRange, loadConfig, logOfStream, newLogId, shardStream, shardStreamConfig,
   shardSubjects, splitShard, workerConsumerName,
 } from "../../protocol/index.js";
 import { initStack, startInfra } from "../harness/stack.js";
@@ -221,7 +221,7 @@ test("cli - shard rebuild: a new log holding the old entries in order; a crashed
 
   // a run that crashed after freezing and writing the registry
   const frozen = await jsm.streams.info(shardStream(1));
-  await jsm.streams.update(shardStream(1), { ...frozen.config, subjects: ["jetgate.frozen.1"] });
+  await jsm.streams.update(shardStream(1), { ...frozen.config, subjects: [frozenSubject(1)] });
   await registry.update((st) => ({ v: 1, op: "rebuild", at: Date.now(), by: "test", shards: [bumpEpoch(st.shards.get(1)!, { cause: "rebuild", log: newLogId(), start_offset: 1, prev_end_offset: frozen.state.last_seq })] }));
   r = await runCli(infra.env, ["shard", "rebuild", "1"]);
   assert.equal(r.code, 0, r.text);

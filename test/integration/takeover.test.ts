@@ -115,6 +115,9 @@ test("takeover - planned handoff: rebalancing and SIGTERM release the epoch, the
     await r.registry.sync();
     assert.deepEqual(epochs(), [0, 0], "the rebalancing spent no epoch");
     const said = () => [...a.output, ...b.output].slice(-20).join("\n");
+    // the lease gauge is set when a takeover starts, the takeover counter when it is done
+    const resumes = (w: JetgateProcess, n: number) => waitFor(`${n} resume(s)`, async () => (await w.metric("jetgate_worker_takeovers_total", { mode: "resume" })) >= n, { timeoutMs: 10_000 }).catch(() => undefined);
+    await resumes(b, 1);
     assert.equal(await b.metric("jetgate_worker_takeovers_total", { mode: "resume" }), 1, `B resumed the shard A released; the workers said:\n${said()}`);
     const load = new DispatchLoad(r.dispatcher, users, { perTick: 20, everyMs: 10, prefix: "H" });
     await sleep(500);
@@ -125,6 +128,7 @@ test("takeover - planned handoff: rebalancing and SIGTERM release the epoch, the
     const a2 = await spawnWorker(r.infra.env, { JETGATE_WORKER_ID: "a2" });
     r.procs.push(a2);
     await waitFor("B and A2 hold one shard each", async () => (await ownedShards(a2)).length === 1 && (await ownedShards(b)).length === 1, { timeoutMs: 15_000 });
+    await resumes(a2, 1);
     await sleep(500);
     await load.stop();
     await r.registry.sync();

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  entrySubject, routedPushSubject, BROADCAST_PUSH_SUBJECT, ingressSubject, shardStream, userSubjects, parseEntrySubject, entryMsgId, ingressMsgId,
+  kickSubject, frozenSubject, entrySubject, routedPushSubject, BROADCAST_PUSH_SUBJECT, ingressSubject, shardStream, userSubjects, parseEntrySubject, entryMsgId, ingressMsgId,
   InvalidIdError, InvalidShardError, assertId,
 } from "../../protocol/index.js";
 
@@ -10,6 +10,9 @@ test("subjects - builders produce the documented names", () => {
   assert.equal(userSubjects(3, "alice"), "mbx.3.alice.*");
   assert.equal(routedPushSubject("gw-1"), "jetgate.push.gw.gw-1");
   assert.equal(BROADCAST_PUSH_SUBJECT, "jetgate.push.any", "one token fewer than any gateway's subject");
+  assert.equal(kickSubject("gw-1"), "jetgate.kick.gw-1");
+  assert.equal(frozenSubject(7), "jetgate.frozen.7");
+  assert.throws(() => kickSubject("a.b"), /gateway id/);
   assert.equal(ingressSubject("alice", "phone-1"), "in.alice.phone-1");
   assert.equal(shardStream(12), "MBX_12");
   assert.equal(entryMsgId("d-1", "alice"), "d-1:alice");
