@@ -5,25 +5,9 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { scenarioOnInfra, type FaultRun } from "../harness/faults.js";
-import { waitFor } from "../harness/wait.js";
+import { scenarioOnInfra } from "../harness/faults.js";
 
 const ROLLS = 20;
-
-/** Every shard held, none by a worker above its fair share. */
-async function spread(run: FaultRun): Promise<void> {
-  await waitFor("every shard owned, spread over the workers", async () => {
-    const workers = run.live(run.workers);
-    const fair = Math.ceil(run.shardCount / Math.max(1, workers.length));
-    let held = 0;
-    for (const w of workers) {
-      const mine = await w.metric("jetgate_worker_lease_held");
-      if (mine > fair) return false;
-      held += mine;
-    }
-    return held === run.shardCount;
-  }, { timeoutMs: 20_000, intervalMs: 100 });
-}
 
 test(`fault - ${ROLLS} rolling restarts of two workers under load (SIGTERM, start again): no epoch spent, nothing lost, nothing sent twice`, async () => {
   let restarts = 0;
@@ -40,7 +24,7 @@ test(`fault - ${ROLLS} rolling restarts of two workers under load (SIGTERM, star
           assert.equal(await victim.metric("jetgate_mailbox_seq_regression_total"), 0, "no regression in the worker stopping");
           assert.equal(await victim.kill("SIGTERM"), 0, `roll ${roll}: the worker exits 0 after releasing:\n${victim.output.slice(-10).join("\n")}`);
           await run.spawnWorker();
-          await spread(run);
+          await run.spread();
           restarts++;
         }
       }

@@ -108,6 +108,21 @@ export class FaultRun {
     for (const port of this.gatewayPorts) await this.spawnGateway(port);
   }
 
+  /** Waits until every shard is held, none by a live worker above its fair share. */
+  async spread(): Promise<void> {
+    await waitFor("every shard owned, spread over the workers", async () => {
+      const workers = this.live(this.workers);
+      const fair = Math.ceil(this.shardCount / Math.max(1, workers.length));
+      let held = 0;
+      for (const w of workers) {
+        const mine = await w.metric("jetgate_worker_lease_held");
+        if (mine > fair) return false;
+        held += mine;
+      }
+      return held === this.shardCount;
+    }, { timeoutMs: 20_000, intervalMs: 100 });
+  }
+
   live(procs: JetgateProcess[]): JetgateProcess[] {
     return procs.filter((p) => p.proc.exitCode === null && p.proc.signalCode === null);
   }
@@ -303,17 +318,7 @@ export async function runScenario(opts: ScenarioOptions): Promise<ScenarioResult
     // owned and spread: the first worker takes every shard while it is alone and releases the
     // surplus when the others join (they resume its epochs); that must happen before the load, or
     // the scenario's epoch count would include a crash's fence of a shard still moving
-    await waitFor("every shard owned, spread over the workers", async () => {
-      const workers = run.live(run.workers);
-      const fair = Math.ceil(run.shardCount / Math.max(1, workers.length));
-      let held = 0;
-      for (const w of workers) {
-        const mine = await w.metric("jetgate_worker_lease_held");
-        if (mine > fair) return false;
-        held += mine;
-      }
-      return held === run.shardCount;
-    }, { timeoutMs: 20_000 });
+    await run.spread();
     await run.startDevices(opts.devicesPerUser ?? 2);
 
     const epochsAtStart = new Map([...run.registry.state.shards].map(([id, sh]) => [id, sh.epoch]));
