@@ -45,7 +45,7 @@ export class GatewayMetrics {
     this.framesOut = c("jetgate_gateway_frames_out_total", "Frames sent to devices, by type.", ["type"]);
     this.bytesIn = c("jetgate_gateway_bytes_in_total", "Bytes received from devices.");
     this.bytesOut = c("jetgate_gateway_bytes_out_total", "Bytes sent to devices.");
-    this.authOutcomes = c("jetgate_gateway_auth_outcomes_total", "AUTH answers by case (fresh, normal, rebased, rebased_new_log, split, expired, invalid, unauthorized, revoked, timeout, too_many_connections, registry_unavailable).", ["case"]);
+    this.authOutcomes = c("jetgate_gateway_auth_outcomes_total", "AUTH answers by case (fresh, normal, rebased, rebased_new_log, split, expired, invalid, unauthorized, revoked, timeout, too_many_connections, registry_unavailable, revocations_unavailable).", ["case"]);
     this.midSessionRebases = c("jetgate_gateway_mid_session_rebases_total", "CURSOR_REBASED sent to live sessions after a registry change.", ["case"]);
     // entries per MSGS frame = entries_sent / frames_out{type="MSGS"} (PULL replies are not counted here)
     this.entriesSent = c("jetgate_gateway_entries_sent_total", "Entries sent to devices in catch-up and live MSGS frames.");

@@ -48,8 +48,6 @@ export type SessionState =
   | { type: "live" }
   | { type: "closed"; code: number };
 
-/** How soon a device closed because a live read found its shard not ready should come back. */
-
 /** An entry's bytes, encoded once however many sessions send it (fan-out shares the Entry object). */
 const encodings = new WeakMap<Entry, Uint8Array>();
 function encodedOnce(e: Entry): Uint8Array {
@@ -332,7 +330,7 @@ export class Session implements HubMember {
       return false;
     }
     if (!this.p.revocations.ready()) {
-      this.p.metrics.authOutcomes.inc({ case: "registry_unavailable" });
+      this.p.metrics.authOutcomes.inc({ case: "revocations_unavailable" });
       this.fail(Disconnect.UNAVAILABLE, "token revocations not loaded yet: reconnect");
       return false;
     }
