@@ -27,6 +27,8 @@ test("revocations - the later `before` of two wins, whichever arrives first; exp
   assert.equal(r.revoked("ann", "d", 1500, NOW), true, "the later before stays");
   r.load([{ user: "ann", before: 500, expires: NOW + 5 }], NOW);
   assert.equal(r.revoked("ann", "d", 1999, NOW), true, "a load merges, never replaces (one heard over NATS may be newer)");
+  r.load([], NOW);
+  assert.equal(r.revoked("ann", "d", 1999, NOW), true, "Redis lost the hash (a flush): what this gateway knows still applies");
   assert.equal(r.revoked("ann", "d", 1999, NOW + 20), false, "past its expiry it no longer applies");
   r.prune(NOW + 20);
   assert.equal(r.size, 0);
