@@ -16,6 +16,7 @@ import {
   ErrorCode,
   FrameError,
   closeReasons,
+  seqEpoch,
   decodeClientFrame,
   encodeEntry,
   encodeFrame,
@@ -248,6 +249,15 @@ export class Session implements HubMember {
   /** Sends what `Delivery` selects of `entries` (of `shard`), in MSGS frames; `paced` waits for the socket. */
   private async emit(shard: number, entries: readonly Entry[], paced: boolean): Promise<void> {
     if (this.closed) return;
+    // Entries numbered by an epoch this session's token does not have: a step queued before the
+    // rebase read them on a registry view that has moved on since (a gap fill after a rebuild).
+    // Sent now, they would reach the device under the older epoch's token (CURSOR_INVALID at its
+    // next AUTH); the rebase reads them again from what was sent.
+    const beyond = entries.findIndex((e) => seqEpoch(e.seq) > this.epoch);
+    if (beyond >= 0) {
+      this.onShardChange();
+      entries = entries.slice(0, beyond);
+    }
     const out = this.select(entries);
     let frame: Uint8Array[] = [];
     let bytes = 0;
@@ -485,7 +495,7 @@ export class Session implements HubMember {
       let known = this.delivery.lastKnown;
       while (i < pushes.length) {
         const p = pushes[i]!;
-        if (p.shard !== this.shard || p.entry.seq <= known || p.prevAll === null || p.prevAll > known) break;
+        if (p.shard !== this.shard || p.epoch > this.epoch || p.entry.seq <= known || p.prevAll === null || p.prevAll > known) break;
         known = p.entry.seq;
         i++;
       }
