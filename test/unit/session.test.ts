@@ -543,3 +543,20 @@ test("session - two REFRESH frames take effect in the order they were sent, howe
   s.expireIfDue(now + 3 * 3_600_000);
   assert.deepEqual(t.closed, { code: 4401, reason: "token expired" });
 });
+
+test("session - a read queued before a rebuild's rebase, done on the new view: its entries wait for the rebase, never go out under the old log's token", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  const { s, t } = await auth(r);
+  r.mailbox.append(0, U); // its push was lost: the tail check finds it
+  await new Promise((res) => setTimeout(res, 20)); // the AUTH step has left the chain
+  assert.notEqual(s.tailPosition(), undefined, "live and idle");
+  s.fillTail(undefined);
+  // the rebuild lands before the queued read runs; the rebase is queued behind the read
+  r.registry.apply([bumpEpoch(shard(r, 0), { cause: "rebuild", log: "logB", start_offset: 1, prev_end_offset: 2 })], "rebuild");
+  await t.until(() => errorOf(t, ErrorCode.CURSOR_REBASED) !== undefined && t.liveSeqs().some((q) => q >> 48n === 1n), "the rebase and the new log's entries");
+  const rebase = t.frames.findIndex((f) => f.t === "ERROR" && f.code === ErrorCode.CURSOR_REBASED);
+  const early = t.frames.slice(0, rebase).flatMap((f) => (f.t === "MSGS" ? f.e.map((e) => e.seq) : []));
+  assert.ok(early.every((q) => q >> 48n === 0n), `before the rebase only epoch 0 went out: ${early.map(String).join(",")}`);
+  assert.equal(errorOf(t, ErrorCode.CURSOR_REBASED)!.new_cursor!.log, "logB");
+});
