@@ -7,7 +7,7 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import WebSocket from "ws";
-import { CloseCode, RedisKeys, seqLabel, userHash } from "../../protocol/index.js";
+import { CloseCode, RedisKeys, cacheStreamId, seqLabel, userHash } from "../../protocol/index.js";
 import { JetgateClient, MemoryCursorStore, type ClientEvent, type WebSocketFactory } from "../../client/index.js";
 import { startStack, spawnGateway, redisClient, type JetgateProcess } from "../harness/stack.js";
 import { deviceToken, TestDevice } from "../harness/device.js";
@@ -20,6 +20,7 @@ const gw1 = stack.gateway!;
 const gw2 = await spawnGateway(stack.infra.env);
 const extra: JetgateProcess[] = [gw2];
 const clients: JetgateClient[] = [];
+const keys = new RedisKeys("jg");
 after(async () => {
   for (const c of clients) await c.close();
   for (const p of extra) await p.kill();
@@ -141,7 +142,7 @@ test("users API - revoke one device's tokens: that device's sessions only; an ea
   assert.equal(again.json.issued_before, now - 10, "the later revocation stays in force");
   const redis = await redisClient(stack.infra.redis.url);
   try {
-    assert.match((await redis.hget(new RedisKeys("jg").revocations(), "d:dora:phone")) ?? "", new RegExp(`^${now - 10}/\\d+$`));
+    assert.match((await redis.hget(keys.revocations(), "d:dora:phone")) ?? "", new RegExp(`^${now - 10}/\\d+$`));
   } finally {
     redis.disconnect();
   }
@@ -227,8 +228,15 @@ async function send(user: string, ids: string[], lane = "default"): Promise<bigi
     assert.ok(res && !("error" in res), `dispatch ${id} failed`);
     seqs.push(res.seq);
   }
-  // processed: the user's head in Redis has the last one
-  await waitFor("processed", async () => (await api(gw1, "GET", `/v1/users/${user}/mailbox`)).json.head === seqs.at(-1)!.toString());
+  // processed by the worker: its row in the user's hot cache (the mailbox API's head may come from
+  // the stream before the worker has got there, and a read answers what the worker has processed)
+  const want = cacheStreamId(seqs.at(-1)!);
+  const redis = await redisClient(stack.infra.redis.url);
+  try {
+    await waitFor("processed", async () => (await redis.xrevrange(keys.hotCache(user), "+", "-", "COUNT", 1))[0]?.[0] === want);
+  } finally {
+    redis.disconnect();
+  }
   return seqs;
 }
 
