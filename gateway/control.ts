@@ -27,7 +27,9 @@ export function closeFor(mode: DisconnectMode, reason: string | undefined): { co
   return { code, reason: reason ?? (mode === "signed_out" ? "signed out" : "reconnect now") };
 }
 
-const reason = z.string().max(MAX_REASON_LENGTH).regex(/^[\x20-\x7e]*$/, "printable ASCII only").optional();
+/** A disconnect's close reason, as the backend gives it (HTTP) and as gateways take it (NATS). */
+export const ReasonSchema = z.string().max(MAX_REASON_LENGTH).regex(/^[\x20-\x7e]*$/, "printable ASCII only").optional();
+const reason = ReasonSchema;
 
 export const DisconnectRequestSchema = z.object({ user: idSchema("user"), device: idSchema("device").optional(), mode: DisconnectMode, reason });
 export type DisconnectRequest = z.output<typeof DisconnectRequestSchema>;

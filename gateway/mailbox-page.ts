@@ -8,7 +8,7 @@
  * and about MAX_PAGE_BYTES of bodies.
  */
 import { z } from "zod";
-import { idSchema, type CursorSigner, type Entry, type MailboxSeq } from "../protocol/index.js";
+import { composeSeq, idSchema, seqEpoch, seqOffset, type CursorSigner, type Entry, type MailboxSeq } from "../protocol/index.js";
 import type { AuthDecision, CursorIn } from "./auth-decision.js";
 import { gatherAndDecide } from "./gather.js";
 import type { MailboxSource, RegistryView } from "./ports.js";
@@ -146,13 +146,13 @@ export async function lastEntries(d: Pick<PageDeps, "registry" | "mailbox">, use
   if (shard === undefined || s === undefined) return [];
   const wm = await d.mailbox.watermarks(shard, user);
   if (wm.head === 0n) return [];
-  const head = Number(wm.head & ((1n << 48n) - 1n));
-  const epochOfHead = Number(wm.head >> 48n);
+  const head = Number(seqOffset(wm.head));
+  const epochOfHead = seqEpoch(wm.head);
   let got: Entry[] = [];
   for (let w = 0, width = LAST_WINDOW; w < LAST_WINDOWS; w++, width *= 2) {
     const from = Math.max(0, head - width);
     // the seq just below the window, in the head's numbering: entries of older epochs below it are older still
-    const after = from === 0 ? 0n : (BigInt(epochOfHead) << 48n) | BigInt(from);
+    const after = from === 0 ? 0n : composeSeq(epochOfHead, from);
     got = [];
     for await (const page of d.mailbox.read(shard, user, after, { until: wm.head, limit: 100_000 })) got.push(...page.entries);
     if (got.length >= n || from === 0) break;

@@ -253,7 +253,9 @@ export class Session implements HubMember {
     // rebase read them on a registry view that has moved on since (a gap fill after a rebuild).
     // Sent now, they would reach the device under the older epoch's token (CURSOR_INVALID at its
     // next AUTH); the rebase reads them again from what was sent.
-    const beyond = entries.findIndex((e) => seqEpoch(e.seq) > this.epoch);
+    // entries ascend: only when the last is beyond is any (no scan per entry otherwise)
+    const last = entries[entries.length - 1];
+    const beyond = last !== undefined && seqEpoch(last.seq) > this.epoch ? entries.findIndex((e) => seqEpoch(e.seq) > this.epoch) : -1;
     if (beyond >= 0) {
       this.onShardChange();
       entries = entries.slice(0, beyond);

@@ -18,7 +18,7 @@ import { bearerMatches } from "./bearer.js";
 import {
   askGateways,
   DisconnectMode,
-  MAX_REASON_LENGTH,
+  ReasonSchema,
   PresenceRequestSchema,
   type ControlReply,
   type PresentSession,
@@ -38,7 +38,7 @@ const ASK_WAIT_MS = 1000;
 /** A gateway that beat within this long counts as live (they beat every second). */
 const LIVE_BEAT_S = 5;
 
-const reason = z.string().max(MAX_REASON_LENGTH).regex(/^[\x20-\x7e]*$/, "printable ASCII only").optional();
+const reason = ReasonSchema;
 
 export const DisconnectBodySchema = z
   .object({
