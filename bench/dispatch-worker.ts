@@ -14,7 +14,7 @@ import { cpus } from "node:os";
 import { readFileSync } from "node:fs";
 import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { Dispatcher, RegistryClient } from "../protocol/index.js";
+import { Dispatcher, RegistryClient } from "../protocol/io/index.js";
 import { startInfra, initStack, spawnWorker, type JetgateProcess } from "../test/harness/stack.js";
 import { waitFor } from "../test/harness/wait.js";
 import { Window } from "./window.js";

@@ -15,7 +15,7 @@ import { cpus } from "node:os";
 import { createInterface } from "node:readline";
 import { readFileSync } from "node:fs";
 import { connect } from "@nats-io/transport-node";
-import { Dispatcher, RegistryClient } from "../protocol/index.js";
+import { Dispatcher, RegistryClient } from "../protocol/io/index.js";
 import { startInfra, initStack, spawnWorker, spawnGateway, type JetgateProcess } from "../test/harness/stack.js";
 import { waitFor } from "../test/harness/wait.js";
 import { Window } from "./window.js";

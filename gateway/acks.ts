@@ -4,7 +4,8 @@
  * place of the one whose last ACK is oldest. The session refuses an ACK beyond what it sent, so
  * the values are bounded too.
  */
-import { seqKey, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
+import { seqKey, type MailboxSeq, type RedisKeys } from "../protocol/index.js";
+import { type RedisClient } from "../protocol/io/index.js";
 
 type AckClient = RedisClient & {
   jgAckStore(ack: string, devices: string, seq20: string, ttl: number, now: number, max: number, prefix: string, device: string): Promise<[number, number]>;

@@ -15,15 +15,12 @@ import {
   MAX_EPOCH,
   idProblem,
   MAX_OFFSET,
-  ProcessStatsSchema,
   bigintsAsStrings,
-  collectStats,
   shardStream,
   type Config,
-  type RedisClient,
   type RedisKeys,
-  type RegistryClient,
 } from "../protocol/index.js";
+import { ProcessStatsSchema, collectStats, type RedisClient, type RegistryClient } from "../protocol/io/index.js";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { bearerMatches } from "./bearer.js";
 import { ADMIN_CSS, ADMIN_HTML, ADMIN_JS } from "./admin-page.js";

@@ -22,22 +22,19 @@ import {
   shardStream,
   userSubjects,
   entrySubject,
-  isNotFound,
   cacheStreamId,
   parseCacheRow,
   readerConsumerName,
   WATERMARK_ALL,
   HASH_FIELDS,
   parseRoutes,
-  logOfStream,
   type CacheRow,
   type Entry,
   type MailboxSeq,
-  type RedisClient,
   type RedisKeys,
-  type RegistryClient,
   type ShardState,
 } from "../protocol/index.js";
+import { isNotFound, logOfStream, type RedisClient, type RegistryClient } from "../protocol/io/index.js";
 import type { ShardBounds } from "./auth-decision.js";
 import { followChain, type ChainRow } from "./cache-coverage.js";
 import { RETRY_LATER_MS, ShardNotReadyError, UnavailableError } from "./gather.js";

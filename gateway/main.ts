@@ -7,25 +7,20 @@ import { randomBytes } from "node:crypto";
 import type { AddressInfo } from "node:net";
 import { pino } from "pino";
 import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
+import { CloseCode, ingressMsgId, ingressSubject, RedisKeys, cursorSigner, loadConfig } from "../protocol/index.js";
 import {
-  CloseCode,
   DependencyHealth,
   Dispatcher,
   answerStats,
-  ingressMsgId,
-  ingressSubject,
-  RedisKeys,
   RegistryClient,
   connectNats,
   connectRedis,
-  cursorSigner,
   exitOnUnhandledRejection,
-  loadConfig,
   onShutdownSignal,
   registryLogging,
   runAsMain,
   startOpsHttp,
-} from "../protocol/index.js";
+} from "../protocol/io/index.js";
 import { AckStore } from "./acks.js";
 import { tokenVerifier } from "./jwt.js";
 import { MailboxReader } from "./mailbox-reader.js";

@@ -1,6 +1,7 @@
 /** Prometheus metrics of a gateway. */
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
-import { PUSH_LATENCY_BUCKETS_S, type DispatchStats } from "../protocol/index.js";
+import { PUSH_LATENCY_BUCKETS_S } from "../protocol/index.js";
+import { type DispatchStats } from "../protocol/io/index.js";
 
 export class GatewayMetrics {
   readonly registry = new Registry();

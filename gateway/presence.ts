@@ -9,7 +9,8 @@
  * until it reconnects; sessions of one device on one gateway are always replaced.
  */
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
-import { kickSubject, type RedisClient, type RedisKeys } from "../protocol/index.js";
+import { kickSubject, type RedisKeys } from "../protocol/index.js";
+import { type RedisClient } from "../protocol/io/index.js";
 
 
 type PresenceClient = RedisClient & {

@@ -14,7 +14,8 @@
  * to be newer, so a user with a revocation has it refused.
  */
 import { z } from "zod";
-import { idSchema, type RedisClient, type RedisKeys } from "../protocol/index.js";
+import { idSchema, type RedisKeys } from "../protocol/index.js";
+import { type RedisClient } from "../protocol/io/index.js";
 
 export const RevocationSchema = z.object({
   user: idSchema("user"),

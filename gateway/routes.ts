@@ -16,7 +16,8 @@
  * step, and `onRepaired` sends the sessions whatever they missed below it.
  */
 import type { Logger } from "pino";
-import type { MailboxSeq, RedisClient, RedisKeys } from "../protocol/index.js";
+import type { MailboxSeq, RedisKeys } from "../protocol/index.js";
+import type { RedisClient } from "../protocol/io/index.js";
 import type { RoutePort } from "./ports.js";
 
 type RouteClient = RedisClient & {

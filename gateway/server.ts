@@ -14,13 +14,13 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { SignJWT } from "jose";
 import type * as Uws from "uWebSockets.js";
+import { type Config } from "../protocol/index.js";
 import {
   DispatchUnavailableError,
   DispatchValidationError,
-  type Config,
   type DispatchResult,
   type Dispatcher,
-} from "../protocol/index.js";
+} from "../protocol/io/index.js";
 import { BATCH_SHAPE, DispatchShapeGuard, SINGLE_SHAPE, maxDispatchBodyBytes, parseDispatchBatch, parseDispatchBody, type DispatchAnswerJson, type DispatchErrorJson, type DispatchResultJson, type ParsedDispatch } from "./dispatch-body.js";
 import { openApiJson } from "./openapi.js";
 import { bearerMatches } from "./bearer.js";

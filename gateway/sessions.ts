@@ -8,7 +8,8 @@
  * this gateway register the user again, as does a tail check that finds this gateway missing.
  * Registry changes reach the sessions of the shards they touch.
  */
-import { CloseCode, type MailboxSeq, type Push, type RegistryClient, type RegistryState } from "../protocol/index.js";
+import { CloseCode, type MailboxSeq, type Push, type RegistryState } from "../protocol/index.js";
+import { type RegistryClient } from "../protocol/io/index.js";
 import type { GatewayMetrics } from "./metrics.js";
 import type { HubMember, PushSource, RoutePort, SessionHub } from "./ports.js";
 import { TokenBucket } from "./rate-limit.js";

@@ -13,7 +13,16 @@
 import type * as Uws from "uWebSockets.js";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { z } from "zod";
-import { CONTROL_SUBJECTS, idProblem, seqLabel, type Config, type CursorSigner, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
+import {
+  CONTROL_SUBJECTS,
+  idProblem,
+  seqLabel,
+  type Config,
+  type CursorSigner,
+  type MailboxSeq,
+  type RedisKeys,
+} from "../protocol/index.js";
+import { type RedisClient } from "../protocol/io/index.js";
 import { bearerMatches } from "./bearer.js";
 import {
   askGateways,

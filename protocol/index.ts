@@ -1,9 +1,11 @@
 /**
- * protocol/: the contract every tier shares. Tiers import from here, never from each other.
- * The files at the root are the pure contract (frames, codec, seq math, ids and subjects, cursor
- * tokens, config, the registry model, the data layout); `io/` holds the shared I/O helpers that
- * talk to NATS, Redis and the process (connections, stream set-up, the registry client, the
- * dispatcher, signal handling).
+ * protocol/: the contract every tier shares. Tiers import from protocol/, never from each other, and
+ * only through its three entry points (eslint.config.js enforces it):
+ * - this file, the pure contract: frames, codec, seq math, ids and subjects, cursor tokens, config,
+ *   the registry model, the data layout. No sockets, no NATS, no Redis.
+ * - `io/index.ts`, the shared I/O: connections, stream set-up, the registry client, the dispatcher,
+ *   health and ops HTTP, signal handling.
+ * - `device.ts`, the browser-safe part the device SDK is allowed.
  */
 export * from "./errors.js";
 export * from "./backoff.js";
@@ -17,15 +19,7 @@ export * from "./cursor.js";
 export * from "./config.js";
 export * from "./hash.js";
 export * from "./registry-model.js";
-export * from "./io/registry-client.js";
-export * from "./io/streams.js";
 export * from "./entry.js";
-export * from "./io/dispatch.js";
-export * from "./io/connect.js";
 export * from "./nats-version.js";
 export * from "./layout.js";
-export * from "./io/process.js";
-export * from "./io/ops-http.js";
-export * from "./io/health.js";
-export * from "./io/ops-stats.js";
 export * from "./cli-args.js";

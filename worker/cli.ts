@@ -10,7 +10,8 @@
  *   jetgate worker                       run a worker process
  */
 import { parseArgs, type ParseArgsConfig } from "node:util";
-import { ConfigError, RegistryClient, bigintsAsStrings, connectNats, loadConfig, wantsHelp, MAX_OFFSET, seqLabel } from "../protocol/index.js";
+import { ConfigError, bigintsAsStrings, loadConfig, wantsHelp, MAX_OFFSET, seqLabel } from "../protocol/index.js";
+import { RegistryClient, connectNats } from "../protocol/io/index.js";
 import { initRegistry } from "./registry-init.js";
 import { runWorker } from "./main.js";
 import { OperationError, failover, rebuildShard, setupReplica, splitShardOp, takeoverShard, type OpsContext } from "./shard-ops.js";

@@ -3,7 +3,8 @@
  * correctness comes from epochs (a worker acts only under the epoch it appended, gateways drop
  * pushes of older epochs), so a lost or doubled lease costs an extra takeover, never an entry.
  */
-import type { RedisClient, RedisKeys } from "../protocol/index.js";
+import type { RedisKeys } from "../protocol/index.js";
+import type { RedisClient } from "../protocol/io/index.js";
 
 
 type LeaseClient = RedisClient & {

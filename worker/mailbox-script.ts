@@ -28,7 +28,8 @@
  */
 import clusterKeySlot from "cluster-key-slot";
 import { Cluster } from "ioredis";
-import { cacheStreamId, parseRoutes, seqKey, type MailboxSeq, type RedisClient, type RedisKeys } from "../protocol/index.js";
+import { cacheStreamId, parseRoutes, seqKey, type MailboxSeq, type RedisKeys } from "../protocol/index.js";
+import { type RedisClient } from "../protocol/io/index.js";
 
 
 /** What every entry of a batch shares: its shard and log, and the settings. */

@@ -7,21 +7,20 @@
 import { hostname } from "node:os";
 import type { AddressInfo } from "node:net";
 import { pino } from "pino";
+import { RedisKeys, loadConfig } from "../protocol/index.js";
 import {
   DependencyHealth,
   answerStats,
-  RedisKeys,
   RegistryClient,
   connectNats,
   connectRedis,
   exitOnUnhandledRejection,
   type RedisClient,
-  loadConfig,
   onShutdownSignal,
   registryLogging,
   runAsMain,
   startOpsHttp,
-} from "../protocol/index.js";
+} from "../protocol/io/index.js";
 import { GatewayBeats } from "./gateway-beats.js";
 import { WorkerMetrics } from "./metrics.js";
 import { PushRouter } from "./push-router.js";

@@ -10,18 +10,17 @@
  */
 import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
+import { registryRecord, initialShards } from "../protocol/index.js";
 import {
-  registryRecord,
   RegistryClient,
   ensureStream,
   ingressStreamConfig,
-  initialShards,
   logOfStream,
   newLogId,
   registryStreamConfig,
   shardStreamConfig,
   type StreamSettings,
-} from "../protocol/index.js";
+} from "../protocol/io/index.js";
 
 export interface InitReport {
   registryCreated: boolean;

@@ -17,27 +17,29 @@ import {
   processingFloor,
   seqLabel,
   JetgateError,
-  RegistryClient,
   bumpEpoch,
   isClaimed,
   REGISTRY_STREAM,
   REGISTRY_SUBJECT,
-  ensureStream,
   halfRange,
+  planTakeover,
+  frozenSubject,
+  shardStream,
+  shardSubjects,
+  splitShard,
+  type ShardState,
+} from "../protocol/index.js";
+import {
+  RegistryClient,
+  ensureStream,
   ingressStreamConfig,
   isNotFound,
   logOfStream,
   newLogId,
-  planTakeover,
   registryStreamConfig,
-  frozenSubject,
-  shardStream,
   shardStreamConfig,
-  shardSubjects,
-  splitShard,
-  type ShardState,
   type StreamSettings,
-} from "../protocol/index.js";
+} from "../protocol/io/index.js";
 
 export class OperationError extends JetgateError {
   constructor(message: string) {

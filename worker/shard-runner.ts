@@ -43,25 +43,27 @@ import {
   workerConsumerName,
   bumpEpoch,
   claimEpoch,
-  CONSUME_OPTIONS,
   composeSeq,
   decodeStoredEntry,
   deriveSeq,
   entryOwner,
   entrySubject,
-  logOfStream,
   parseEntrySubject,
   planTakeover,
   releaseEpoch,
   shardStream,
   type Config,
-  type RedisClient,
-  type RegistryClient,
   type RedisKeys,
   type ShardState,
   type TakeoverPlan,
-  writeRefusal,
 } from "../protocol/index.js";
+import {
+  CONSUME_OPTIONS,
+  logOfStream,
+  type RedisClient,
+  type RegistryClient,
+  writeRefusal,
+} from "../protocol/io/index.js";
 import { planBatch, pushesOf, type BatchItem } from "./batch-step.js";
 import { applyBatch, type ApplyEntryResult, type BatchEntry, type BatchShared } from "./mailbox-script.js";
 import type { WorkerMetrics } from "./metrics.js";

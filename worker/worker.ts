@@ -10,7 +10,7 @@
 import { createHash } from "node:crypto";
 import type { Logger } from "pino";
 import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
-import { writeRefusal } from "../protocol/index.js";
+import { writeRefusal } from "../protocol/io/index.js";
 import { Leases } from "./leases.js";
 import { ShardRunner, type RunnerDeps } from "./shard-runner.js";
 

@@ -12,7 +12,8 @@
  */
 import { createInterface } from "node:readline";
 import { connect, headers } from "@nats-io/transport-node";
-import { Dispatcher, RegistryClient, encodeStoredEntry, entrySubject } from "../../protocol/index.js";
+import { encodeStoredEntry, entrySubject } from "../../protocol/index.js";
+import { Dispatcher, RegistryClient } from "../../protocol/io/index.js";
 import { Window } from "../window.js";
 import { idSource, paced, stampedBody } from "./entries.js";
 

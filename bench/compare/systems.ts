@@ -12,7 +12,8 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface, type Interface } from "node:readline";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { PUSH_LATENCY_BUCKETS_S, RegistryClient } from "../../protocol/index.js";
+import { PUSH_LATENCY_BUCKETS_S } from "../../protocol/index.js";
+import { RegistryClient } from "../../protocol/io/index.js";
 import { NatsServer, RedisServer, freePort } from "../../test/harness/servers.js";
 import { initStack, spawnGateway, spawnWorker, startInfra, type JetgateProcess } from "../../test/harness/stack.js";
 import { waitFor } from "../../test/harness/wait.js";

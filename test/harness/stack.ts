@@ -6,7 +6,16 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { connect, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { Redis } from "ioredis";
-import { BROADCAST_PUSH_SUBJECT, Dispatcher, REDIS_SCRIPTS, RedisKeys, RegistryClient, connectNats, decodePushBatch, loadConfig, routedPushSubject, type DispatcherOptions, type Push } from "../../protocol/index.js";
+import {
+  BROADCAST_PUSH_SUBJECT,
+  REDIS_SCRIPTS,
+  RedisKeys,
+  decodePushBatch,
+  loadConfig,
+  routedPushSubject,
+  type Push,
+} from "../../protocol/index.js";
+import { Dispatcher, RegistryClient, connectNats, type DispatcherOptions } from "../../protocol/io/index.js";
 import { initRegistry } from "../../worker/index.js";
 import { NatsServer, RedisServer, freePort } from "./servers.js";
 

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { connect } from "@nats-io/transport-node";
 import { chromium, type Browser } from "playwright-core";
-import { Dispatcher, RegistryClient } from "../../protocol/index.js";
+import { Dispatcher, RegistryClient } from "../../protocol/io/index.js";
 import { buildSdk } from "../../scripts/build-sdk.js";
 import { startInfra, initStack, spawnWorker, spawnGateway, freePortForTest, type JetgateProcess } from "../harness/stack.js";
 import { waitFor } from "../harness/wait.js";

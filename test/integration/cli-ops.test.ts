@@ -3,9 +3,20 @@ import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { AckPolicy, DeliverPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
-  REGISTRY_STREAM, RegistryClient, bumpEpoch, frozenSubject, claimEpoch, encodeStoredEntry, entrySubject, halfRange, loadConfig, logOfStream, newLogId, shardStream, shardStreamConfig,
-  shardSubjects, splitShard, workerConsumerName,
+  REGISTRY_STREAM,
+  bumpEpoch,
+  frozenSubject,
+  claimEpoch,
+  encodeStoredEntry,
+  entrySubject,
+  halfRange,
+  loadConfig,
+  shardStream,
+  shardSubjects,
+  splitShard,
+  workerConsumerName,
 } from "../../protocol/index.js";
+import { RegistryClient, logOfStream, newLogId, shardStreamConfig } from "../../protocol/io/index.js";
 import { initStack, startInfra } from "../harness/stack.js";
 import { runCli } from "../harness/cli.js";
 

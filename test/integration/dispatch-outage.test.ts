@@ -6,7 +6,7 @@
  */
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import { DispatchUnavailableError } from "../../protocol/index.js";
+import { DispatchUnavailableError } from "../../protocol/io/index.js";
 import { startStack } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { waitFor } from "../harness/wait.js";

@@ -3,8 +3,14 @@ import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
-  Dispatcher, DispatchValidationError, RegistryClient, decodeStoredEntry, parseEntrySubject, MAX_RECIPIENTS, composeSeq, seqEpoch, seqOffset, shardStream,
+  decodeStoredEntry,
+  parseEntrySubject,
+  composeSeq,
+  seqEpoch,
+  seqOffset,
+  shardStream,
 } from "../../protocol/index.js";
+import { Dispatcher, DispatchValidationError, RegistryClient, MAX_RECIPIENTS } from "../../protocol/io/index.js";
 import { startInfra, initStack, spawnGateway, spawnWorker, PushCollector } from "../harness/stack.js";
 import { runCli } from "../harness/cli.js";
 import { sleep, waitFor } from "../harness/wait.js";

@@ -3,9 +3,14 @@ import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
-  RegistryClient, bumpEpoch, deriveSeq, loadConfig, logOfStream, newLogId, shardStreamConfig, encodeStoredEntry,
-  entrySubject, type RegistryState,
+  bumpEpoch,
+  deriveSeq,
+  loadConfig,
+  encodeStoredEntry,
+  entrySubject,
+  type RegistryState,
 } from "../../protocol/index.js";
+import { RegistryClient, logOfStream, newLogId, shardStreamConfig } from "../../protocol/io/index.js";
 import { initRegistry } from "../../worker/index.js";
 import { cli } from "../../worker/cli.js";
 import { NatsServer } from "../harness/servers.js";

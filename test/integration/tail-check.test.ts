@@ -8,7 +8,8 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
-import { RegistryClient, type MailboxSeq, type Push } from "../../protocol/index.js";
+import { type MailboxSeq, type Push } from "../../protocol/index.js";
+import { RegistryClient } from "../../protocol/io/index.js";
 import { GatewayMetrics } from "../../gateway/metrics.js";
 import type { HubMember } from "../../gateway/ports.js";
 import { SessionRegistry } from "../../gateway/sessions.js";

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { writeRefusal } from "../../protocol/index.js";
+import { writeRefusal } from "../../protocol/io/index.js";
 
 test("health - a Redis write refusal is named from the error Redis gave; anything else is not a refusal", () => {
   const cases: [string, ReturnType<typeof writeRefusal>][] = [
