@@ -14,6 +14,7 @@ import {
   CloseCode,
   Disconnect,
   ErrorCode,
+  type FatalDisconnect,
   FrameError,
   closeReasons,
   seqEpoch,
@@ -236,7 +237,7 @@ export class Session implements HubMember {
   }
 
   /** A fatal ERROR, then the close its code pairs with. */
-  private fail(d: Disconnect, msg: string, extra: { retry_ms?: number } = {}): void {
+  private fail(d: FatalDisconnect, msg: string, extra: { retry_ms?: number } = {}): void {
     this.send({ t: "ERROR", code: d.error, msg, fatal: true, ...extra });
     this.close(d.close, msg.slice(0, 100));
   }

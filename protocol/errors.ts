@@ -2,8 +2,8 @@
  * Every error code and close code of wire protocol v1, in one table each.
  *
  * Two kinds of failure reach a device (as in centrifuge): an ERROR frame, after which the
- * connection may stay open (`fatal: false`), and a close with a code. Close codes in 4000..4499
- * mean "fix or wait, then reconnect"; 4500 is a server fault; 1001 is a drain.
+ * connection may stay open (`fatal: false`), and a close with a code. What a device does after a
+ * close is decided by the code's range (`reconnectPolicy`).
  */
 
 /** Codes carried in `ERROR {code}` frames. */
@@ -64,23 +64,47 @@ export const closeReasons: Readonly<Record<CloseCode, string>> = {
 };
 
 /**
- * How a session ends, as one value: the ERROR code the device is told and the close code that
- * follows (centrifuge's Disconnect). The gateway closes only with these, so a code and its pair
- * cannot drift apart.
+ * How a session ends, as one value: the close code, the reason text and, for a fatal error, the
+ * ERROR code the device is told first (centrifuge's Disconnect). The gateway closes only with
+ * these (`Transport.close` takes one), so a code, its ERROR and its reason cannot drift apart.
+ * A close without `error` tells the device all it needs by its code.
  */
 export interface Disconnect {
-  readonly error: ErrorCode;
   readonly close: CloseCode;
+  readonly reason: string;
+  readonly error?: ErrorCode;
 }
 
+/** A Disconnect that is told as an ERROR frame before the close. */
+export type FatalDisconnect = Disconnect & { readonly error: ErrorCode };
+
 export const Disconnect = {
-  BAD_FRAME: { error: ErrorCode.BAD_FRAME, close: CloseCode.BAD_FRAME },
-  TOO_LARGE: { error: ErrorCode.TOO_LARGE, close: CloseCode.TOO_LARGE },
-  UNAUTHORIZED: { error: ErrorCode.UNAUTHORIZED, close: CloseCode.UNAUTHENTICATED },
-  RATE_LIMITED: { error: ErrorCode.RATE_LIMITED, close: CloseCode.RATE_LIMITED },
-  UNAVAILABLE: { error: ErrorCode.UNAVAILABLE, close: CloseCode.UNAVAILABLE },
-  INTERNAL: { error: ErrorCode.INTERNAL, close: CloseCode.INTERNAL },
+  BAD_FRAME: { error: ErrorCode.BAD_FRAME, close: CloseCode.BAD_FRAME, reason: closeReasons[4400] },
+  TOO_LARGE: { error: ErrorCode.TOO_LARGE, close: CloseCode.TOO_LARGE, reason: closeReasons[4413] },
+  UNAUTHORIZED: { error: ErrorCode.UNAUTHORIZED, close: CloseCode.UNAUTHENTICATED, reason: closeReasons[4401] },
+  RATE_LIMITED: { error: ErrorCode.RATE_LIMITED, close: CloseCode.RATE_LIMITED, reason: closeReasons[4429] },
+  UNAVAILABLE: { error: ErrorCode.UNAVAILABLE, close: CloseCode.UNAVAILABLE, reason: closeReasons[4503] },
+  INTERNAL: { error: ErrorCode.INTERNAL, close: CloseCode.INTERNAL, reason: closeReasons[4500] },
+  /** No AUTH within JETGATE_AUTH_TIMEOUT_MS. */
+  AUTH_TIMEOUT: { close: CloseCode.UNAUTHENTICATED, reason: "auth timeout" },
+  /** The session's token (the last REFRESH's) expired. */
+  TOKEN_EXPIRED: { close: CloseCode.UNAUTHENTICATED, reason: "token expired" },
+  /** The socket's buffer stayed over the limit: the device resumes by cursor. */
+  SLOW_CONSUMER: { close: CloseCode.SLOW_CONSUMER, reason: closeReasons[4408] },
+  /** A newer session of the same device exists (here or on another gateway). */
+  REPLACED: { close: CloseCode.REPLACED, reason: "a newer session of this device exists" },
+  /** The backend signed the user or device out (users API). */
+  SIGNED_OUT: { close: CloseCode.SIGNED_OUT, reason: closeReasons[4403] },
+  /** The backend asked the device to reconnect at once (users API). */
+  RECONNECT_NOW: { close: CloseCode.RECONNECT_NOW, reason: closeReasons[4300] },
+  /** The gateway drains (SIGTERM). */
+  GOING_AWAY: { close: CloseCode.GOING_AWAY, reason: "server draining" },
 } as const satisfies Record<string, Disconnect>;
+
+/** The same Disconnect told with another reason (a WebSocket close reason is at most 123 bytes: cut to 100 characters). */
+export function withReason<D extends Disconnect>(d: D, reason: string): D {
+  return { ...d, reason: reason.slice(0, 100) };
+}
 
 /**
  * Close codes a device uses itself (4000..4099: the device's own reasons). A gateway logs them;
@@ -94,9 +118,27 @@ export const DeviceClose = {
   CONNECT_TIMEOUT: { code: 4003, reason: "no AUTH_OK in time" },
 } as const satisfies Record<string, { code: number; reason: string }>;
 
-/** Whether a device should reconnect after this close code (all but a replaced session and a sign-out). */
+/** What a device does after a server's close: reconnect at once, reconnect after its backoff, or stop. */
+export type ReconnectPolicy = "now" | "backoff" | "stop";
+
+/**
+ * What a device does after the server closed with `code`, by ranges (docs/protocol.md):
+ * 4300..4399 reconnect at once; 4600..4699 stop (reserved for terminal codes, so an SDK that
+ * does not know a new one still stops); every other code reconnects after the backoff. Wire v1
+ * has two terminal codes older than the ranges, kept as they are so that no device's behaviour
+ * changes: 4403 (signed out) and 4409 (replaced). No code joins that list: a new terminal code
+ * takes a number in 4600..4699.
+ */
+export function reconnectPolicy(code: number): ReconnectPolicy {
+  if (code >= 4300 && code <= 4399) return "now";
+  if ((code >= 4600 && code <= 4699) || V1_TERMINAL.has(code)) return "stop";
+  return "backoff";
+}
+const V1_TERMINAL: ReadonlySet<number> = new Set([CloseCode.SIGNED_OUT, CloseCode.REPLACED]);
+
+/** Whether a device should reconnect after this close code (`reconnectPolicy` is not "stop"). */
 export function shouldReconnect(code: number): boolean {
-  return code !== CloseCode.REPLACED && code !== CloseCode.SIGNED_OUT;
+  return reconnectPolicy(code) !== "stop";
 }
 
 /** Base class of jetgate's named errors: `name` is the class name, `code` is machine-readable. */
