@@ -5,14 +5,10 @@
  * the values are bounded too.
  */
 import { seqKey, type MailboxSeq, type RedisKeys } from "../protocol/index.js";
-import { type RedisClient } from "../protocol/io/index.js";
-
-type AckClient = RedisClient & {
-  jgAckStore(ack: string, devices: string, seq20: string, ttl: number, now: number, max: number, prefix: string, device: string): Promise<[number, number]>;
-};
+import { scripted, type RedisClient, type ScriptedRedis } from "../protocol/io/index.js";
 
 export class AckStore {
-  private readonly redis: AckClient;
+  private readonly redis: ScriptedRedis;
 
   constructor(
     redis: RedisClient,
@@ -20,7 +16,7 @@ export class AckStore {
     private readonly ttlS: number,
     private readonly maxDevices: number,
   ) {
-    this.redis = redis as AckClient;
+    this.redis = scripted(redis);
   }
 
   /** Stores the ACK; resolves to how many other devices' state it evicted. */

@@ -15,7 +15,7 @@
  */
 import { z } from "zod";
 import { idSchema, type RedisKeys } from "../protocol/index.js";
-import { type RedisClient } from "../protocol/io/index.js";
+import { scripted, type RedisClient, type ScriptedRedis } from "../protocol/io/index.js";
 
 export const RevocationSchema = z.object({
   user: idSchema("user"),
@@ -86,18 +86,20 @@ export class Revocations {
   }
 }
 
-type RevokeClient = RedisClient & { jgRevoke(key: string, field: string, before: string, expires: string, now: string): Promise<string> };
-
 /** The revocations in Redis: written by the gateway that took the backend's call, read by every gateway. */
 export class RevocationStore {
+  private readonly redis: ScriptedRedis;
+
   constructor(
-    private readonly redis: RedisClient,
+    redis: RedisClient,
     private readonly keys: RedisKeys,
-  ) {}
+  ) {
+    this.redis = scripted(redis);
+  }
 
   /** Records one; resolves with what Redis keeps (a later `before` already there wins). */
   async write(r: Revocation, now: number): Promise<Revocation> {
-    const kept = await (this.redis as RevokeClient).jgRevoke(this.keys.revocations(), revocationField(r.user, r.device), String(r.before), String(r.expires), String(now));
+    const kept = await this.redis.jgRevoke(this.keys.revocations(), revocationField(r.user, r.device), String(r.before), String(r.expires), String(now));
     const m = VALUE.exec(kept);
     return m === null ? r : { ...r, before: Number(m[1]), expires: Number(m[2]) };
   }

@@ -17,14 +17,8 @@
  */
 import type { Logger } from "pino";
 import type { MailboxSeq, RedisKeys } from "../protocol/index.js";
-import type { RedisClient } from "../protocol/io/index.js";
+import { scripted, type RedisClient, type ScriptedRedis } from "../protocol/io/index.js";
 import type { RoutePort } from "./ports.js";
-
-type RouteClient = RedisClient & {
-  jgRouteAdd(key: string, gateway: string, generation: number, ttlS: number): Promise<string>;
-  jgRouteDrop(key: string, maxGeneration: number, ...gateways: string[]): Promise<number>;
-  jgGatewayBeat(key: string, gateway: string): Promise<number>;
-};
 
 const BEAT_MS = 1000;
 /** Without a beat for this long, every route is registered again (workers drop a silent gateway's routes after 60 s). */
@@ -33,7 +27,7 @@ const RETRY_MS = 1000;
 const RETRY_CHUNK = 500;
 
 export class RouteTable implements RoutePort {
-  private readonly redis: RouteClient;
+  private readonly redis: ScriptedRedis;
   /** Sessions (and AUTHs under way) per user here. */
   private readonly held = new Map<string, number>();
   private readonly adding = new Map<string, Promise<void>>();
@@ -58,7 +52,7 @@ export class RouteTable implements RoutePort {
     private readonly hashTtlS: number,
     private readonly log: Pick<Logger, "warn" | "info">,
   ) {
-    this.redis = redis as RouteClient;
+    this.redis = scripted(redis);
   }
 
   /** A session of `user` is about to read its mailbox: resolves once the route is in Redis, or failed (then retried). */

@@ -22,7 +22,7 @@ import {
   type MailboxSeq,
   type RedisKeys,
 } from "../protocol/index.js";
-import { type RedisClient } from "../protocol/io/index.js";
+import { scripted, type RedisClient } from "../protocol/io/index.js";
 import { bearerMatches } from "./bearer.js";
 import {
   askGateways,
@@ -151,8 +151,6 @@ class ApiError extends Error {
     super(message);
   }
 }
-
-type GatewaysSeenClient = RedisClient & { jgGatewaysSeen(key: string): Promise<string[]> };
 
 /** Serves the users API on `app`. */
 export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps): void {
@@ -296,9 +294,10 @@ export class LookupUnavailable extends Error {}
 
 /** What the users API and the console's user lookup both read. */
 export function userLookups(d: Pick<UsersApiDeps, "nc" | "redis" | "keys" | "registry" | "mailbox">) {
+  const redis = scripted(d.redis);
   const liveGateways = async (): Promise<number | null> => {
     try {
-      const [now, ...rest] = await (d.redis as GatewaysSeenClient).jgGatewaysSeen(d.keys.gateways());
+      const [now, ...rest] = await redis.jgGatewaysSeen(d.keys.gateways());
       let n = 0;
       for (let i = 1; i < rest.length; i += 2) if (Number(rest[i]) >= Number(now) - LIVE_BEAT_S) n++;
       return n;

@@ -456,6 +456,36 @@ return value
 `;
 
 /**
+ * Every script's call as an ioredis command: KEYS first, then ARGV (ioredis sends numbers as
+ * decimal strings). The one typing of the scripts: callers get it from `scripted` (protocol/io),
+ * never by declaring their own.
+ */
+export interface RedisScriptCommands {
+  /** APPLY_BATCH_LUA: `first|prev|prevAll|routes` per entry, `;`-separated. */
+  jgApplyBatch(route: string, head: string, headers: string, bodies: Buffer): Promise<string>;
+  /** ROUTE_ADD_LUA: the user's head (`_all`) or ''. */
+  jgRouteAdd(watermarks: string, gateway: string, generation: number, ttlS: number): Promise<string>;
+  /** ROUTE_DROP_LUA: how many gateways it removed. */
+  jgRouteDrop(watermarks: string, maxGeneration: number, ...gateways: string[]): Promise<number>;
+  /** GATEWAY_BEAT_LUA: 1 when the gateway was not in the set. */
+  jgGatewayBeat(gateways: string, gateway: string): Promise<number>;
+  /** GATEWAYS_SEEN_LUA: Redis's time (ms) and then the gateways with a beat. */
+  jgGatewaysSeen(gateways: string): Promise<string[]>;
+  /** ACK_STORE_LUA: [stored (1/0), devices evicted]. */
+  jgAckStore(ack: string, devices: string, seq20: string, ttlS: number, now: number, max: number, ackPrefix: string, device: string): Promise<[number, number]>;
+  /** PRESENCE_CLAIM_LUA: [claimed (1/0), the value that holds the device]. */
+  jgPresenceClaim(presence: string, value: string, ttlS: number, at: number): Promise<[number, string]>;
+  /** PRESENCE_RELEASE_LUA: 1 when this session's claim was removed. */
+  jgPresenceRelease(presence: string, value: string): Promise<number>;
+  /** LEASE_RENEW_LUA: 1 held, 2 taken again (it had vanished), 0 another owner's. */
+  jgLeaseRenew(lease: string, owner: string, ms: number): Promise<number>;
+  /** LEASE_RELEASE_LUA: 1 when this owner's lease was deleted. */
+  jgLeaseRelease(lease: string, owner: string): Promise<number>;
+  /** REVOKE_LUA: the value kept (`issued_before/expires`). */
+  jgRevoke(revocations: string, field: string, before: string, expires: string, now: string): Promise<string>;
+}
+
+/**
  * Every script as an ioredis command, defined when a client is made (`connectRedis`). With
  * auto-pipelining a command defined later, on first use, can land in a pipeline made before it
  * existed ("pipeline[functionName] is not a function"), and the worker died of it in the e2e test.
@@ -472,7 +502,7 @@ export const REDIS_SCRIPTS = {
   jgLeaseRenew: { lua: LEASE_RENEW_LUA, numberOfKeys: 1 },
   jgLeaseRelease: { lua: LEASE_RELEASE_LUA, numberOfKeys: 1 },
   jgRevoke: { lua: REVOKE_LUA, numberOfKeys: 1 },
-} as const;
+} as const satisfies { [K in keyof RedisScriptCommands]: { lua: string; numberOfKeys: number } };
 
 // ---- JetStream consumer names ---------------------------------------------------------------
 

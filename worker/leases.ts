@@ -4,18 +4,12 @@
  * pushes of older epochs), so a lost or doubled lease costs an extra takeover, never an entry.
  */
 import type { RedisKeys } from "../protocol/index.js";
-import type { RedisClient } from "../protocol/io/index.js";
-
-
-type LeaseClient = RedisClient & {
-  jgLeaseRenew(key: string, owner: string, ms: number): Promise<number>;
-  jgLeaseRelease(key: string, owner: string): Promise<number>;
-};
+import { scripted, type RedisClient, type ScriptedRedis } from "../protocol/io/index.js";
 
 export type RenewOutcome = "held" | "reacquired" | "lost";
 
 export class Leases {
-  private readonly redis: LeaseClient;
+  private readonly redis: ScriptedRedis;
 
   constructor(
     redis: RedisClient,
@@ -23,7 +17,7 @@ export class Leases {
     private readonly owner: string,
     private readonly leaseMs: number,
   ) {
-    this.redis = redis as LeaseClient;
+    this.redis = scripted(redis);
   }
 
   async acquire(shard: number): Promise<boolean> {

@@ -15,7 +15,6 @@ import {
   connectNats,
   connectRedis,
   exitOnUnhandledRejection,
-  type RedisClient,
   onShutdownSignal,
   registryLogging,
   runAsMain,
@@ -25,11 +24,6 @@ import { GatewayBeats } from "./gateway-beats.js";
 import { WorkerMetrics } from "./metrics.js";
 import { PushRouter } from "./push-router.js";
 import { Worker } from "./worker.js";
-
-type RoutingClient = RedisClient & {
-  jgRouteDrop(key: string, maxGeneration: string, ...gateways: string[]): Promise<number>;
-  jgGatewaysSeen(key: string): Promise<string[]>;
-};
 
 /** The longest a SIGTERM takes: releases wait 5 s for the registry, and a drain for NATS. */
 const SHUTDOWN_LIMIT_MS = 15_000;
@@ -51,8 +45,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
     redisProbeKey: new RedisKeys(config.JETGATE_REDIS_PREFIX).healthProbe(`worker-${workerId}`),
   }).start();
   const keys = new RedisKeys(config.JETGATE_REDIS_PREFIX);
-  const routing = redis as RoutingClient;
-  const beats = new GatewayBeats(() => routing.jgGatewaysSeen(keys.gateways()), () => pushes.forgetDrops());
+  const beats = new GatewayBeats(() => redis.jgGatewaysSeen(keys.gateways()), () => pushes.forgetDrops());
   const noted = { unrouted: metrics.unroutedPushes, broadcast: metrics.broadcastPushes, silent: metrics.silentRoutes };
   const pushes = new PushRouter(
     {
@@ -61,7 +54,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
         metrics.pushMessages.inc();
       },
       // every registration of a silent gateway, whatever its generation
-      dropRoutes: (user, gateways) => void routing.jgRouteDrop(keys.watermarks(user), String(Number.MAX_SAFE_INTEGER), ...gateways).catch(() => undefined),
+      dropRoutes: (user, gateways) => void redis.jgRouteDrop(keys.watermarks(user), Number.MAX_SAFE_INTEGER, ...gateways).catch(() => undefined),
       note: (what) => noted[what].inc(),
     },
     beats,

@@ -5,7 +5,7 @@ import { Cluster, Redis, type RedisOptions } from "ioredis";
 import type { Config } from "../config.js";
 import { JetgateError } from "../errors.js";
 import { natsVersionProblem } from "../nats-version.js";
-import { REDIS_SCRIPTS } from "../layout.js";
+import { REDIS_SCRIPTS, type RedisScriptCommands } from "../layout.js";
 
 export type NatsSettings = Pick<
   Config,
@@ -65,6 +65,22 @@ export async function connectNats(c: NatsSettings, name: string): Promise<NatsCo
 }
 
 export type RedisClient = Redis | Cluster;
+/** A client with jetgate's scripts defined as commands (every client `connectRedis` makes). */
+export type ScriptedRedis = RedisClient & RedisScriptCommands;
+
+/**
+ * The client with its scripts' typed calls. ioredis defines them at run time from `scripts`, so
+ * this is the one place that asserts their types; a client made without them is refused here
+ * rather than failing at its first call.
+ */
+export function scripted<R extends RedisClient>(redis: R): R & RedisScriptCommands {
+  for (const name of Object.keys(REDIS_SCRIPTS)) {
+    if (typeof (redis as unknown as Record<string, unknown>)[name] !== "function") {
+      throw new TypeError(`Redis client lacks the ${name} script: make it with connectRedis (it defines REDIS_SCRIPTS)`);
+    }
+  }
+  return redis as R & RedisScriptCommands;
+}
 export type RedisSettings = Pick<Config, "JETGATE_REDIS_URL" | "JETGATE_REDIS_CLUSTER" | "JETGATE_REDIS_CA_FILE">;
 
 /**
@@ -79,7 +95,7 @@ export type RedisSettings = Pick<Config, "JETGATE_REDIS_URL" | "JETGATE_REDIS_CL
  */
 const UNPIPELINED = ["jgApplyBatch"] as const;
 
-export function connectRedis(c: RedisSettings, name: string): RedisClient {
+export function connectRedis(c: RedisSettings, name: string): ScriptedRedis {
   const tls = c.JETGATE_REDIS_CA_FILE !== undefined ? { ca: readFileSync(c.JETGATE_REDIS_CA_FILE) } : undefined;
   const base: RedisOptions = {
     connectionName: name,
@@ -97,7 +113,7 @@ export function connectRedis(c: RedisSettings, name: string): RedisClient {
       return { host: url.hostname, port: Number(url.port || 6379) };
     });
     const first = new URL(c.JETGATE_REDIS_URL[0]!);
-    return new Cluster(nodes, {
+    return scripted(new Cluster(nodes, {
       enableAutoPipelining: true,
       autoPipeliningIgnoredCommands: [...UNPIPELINED],
       scripts: { ...REDIS_SCRIPTS },
@@ -107,7 +123,7 @@ export function connectRedis(c: RedisSettings, name: string): RedisClient {
         ...(first.username ? { username: decodeURIComponent(first.username) } : {}),
         ...(first.password ? { password: decodeURIComponent(first.password) } : {}),
       },
-    });
+    }));
   }
-  return new Redis(c.JETGATE_REDIS_URL[0]!, base);
+  return scripted(new Redis(c.JETGATE_REDIS_URL[0]!, base));
 }

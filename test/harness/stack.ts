@@ -9,13 +9,14 @@ import { Redis } from "ioredis";
 import {
   BROADCAST_PUSH_SUBJECT,
   REDIS_SCRIPTS,
+  type RedisScriptCommands,
   RedisKeys,
   decodePushBatch,
   loadConfig,
   routedPushSubject,
   type Push,
 } from "../../protocol/index.js";
-import { Dispatcher, RegistryClient, connectNats, type DispatcherOptions } from "../../protocol/io/index.js";
+import { Dispatcher, RegistryClient, connectNats, scripted, type DispatcherOptions } from "../../protocol/io/index.js";
 import { initRegistry } from "../../worker/index.js";
 import { NatsServer, RedisServer, freePort } from "./servers.js";
 
@@ -191,13 +192,13 @@ export class PushCollector {
   private constructor(
     readonly nc: NatsConnection,
     readonly pushes: { user: string; push: Push }[],
-    private readonly redis: (Redis & { jgRouteAdd(key: string, gw: string, gen: number, ttl: number): Promise<string> }) | undefined,
+    private readonly redis: ScriptedTestRedis | undefined,
     private readonly keys: RedisKeys,
   ) {}
 
   static async start(natsUrl: string, redisUrl?: string, prefix = loadConfig({}).JETGATE_REDIS_PREFIX): Promise<PushCollector> {
     const nc = await connect({ servers: natsUrl });
-    const redis = redisUrl === undefined ? undefined : ((await redisClient(redisUrl)) as Redis & { jgRouteAdd(key: string, gw: string, gen: number, ttl: number): Promise<string> });
+    const redis = redisUrl === undefined ? undefined : await redisClient(redisUrl);
     const self = new PushCollector(nc, [], redis, new RedisKeys(prefix));
     const take = (m: Msg) => {
       for (const push of decodePushBatch(m.data).pushes) self.pushes.push({ user: push.user, push });
@@ -237,11 +238,13 @@ export class PushCollector {
 /** The gateway id a PushCollector registers in users' routes. */
 export const COLLECTOR_GATEWAY = "test-collector";
 
-export async function redisClient(url: string): Promise<Redis> {
+export type ScriptedTestRedis = Redis & RedisScriptCommands;
+
+export async function redisClient(url: string): Promise<ScriptedTestRedis> {
   // the scripts as connectRedis defines them, for tests that drive jetgate's Redis code directly
   const r = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 1, scripts: { ...REDIS_SCRIPTS } });
   await r.connect();
-  return r;
+  return scripted(r);
 }
 
 /**

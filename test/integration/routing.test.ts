@@ -168,24 +168,22 @@ test("routing - a user's hash evicted alone, on a gateway with no tail check: th
 });
 
 test("routing - the route scripts: a late removal never takes a newer registration; a hash made after a loss keeps its routes unknown until the next entry", async () => {
-  type Scripts = { jgRouteAdd(k: string, gw: string, gen: number, ttl: number): Promise<string>; jgRouteDrop(k: string, upTo: number, ...gws: string[]): Promise<number> };
-  const r = redis as unknown as Scripts;
   const key = keys.watermarks("r-scripts");
   // a hash Redis does not have: the registration marks the others unknown
-  assert.equal(await r.jgRouteAdd(key, "gx", 5, 60), "", "no head yet");
+  assert.equal(await redis.jgRouteAdd(key, "gx", 5, 60), "", "no head yet");
   assert.equal(await redis.hget(key, ":r"), "?,gx.5");
   assert.deepEqual(parseRoutes("?,gx.5"), { gateways: ["gx"], unknown: true });
   // the user's next entry goes to every gateway and makes the routes known
   await send("r-scripts", "rs0");
   await waitFor("the worker made the routes known", async () => (await redis.hget(key, ":r")) === "gx.5");
-  await r.jgRouteAdd(key, "gy", 1, 60);
-  await r.jgRouteAdd(key, "gx", 7, 60); // gx registers again (a newer session)
+  await redis.jgRouteAdd(key, "gy", 1, 60);
+  await redis.jgRouteAdd(key, "gx", 7, 60); // gx registers again (a newer session)
   assert.equal(await redis.hget(key, ":r"), "gy.1,gx.7");
-  assert.equal(await r.jgRouteDrop(key, 6, "gx"), 0, "a removal decided before registration 7, run late: nothing removed");
-  await r.jgRouteAdd(key, "gx", 6, 60); // an older registration run late: the newer stays
+  assert.equal(await redis.jgRouteDrop(key, 6, "gx"), 0, "a removal decided before registration 7, run late: nothing removed");
+  await redis.jgRouteAdd(key, "gx", 6, 60); // an older registration run late: the newer stays
   assert.equal(await redis.hget(key, ":r"), "gy.1,gx.7");
-  assert.equal(await r.jgRouteDrop(key, 7, "gx"), 1);
-  assert.equal(await r.jgRouteDrop(key, Number.MAX_SAFE_INTEGER, "gy", "gone"), 1, "a silent gateway's every registration");
+  assert.equal(await redis.jgRouteDrop(key, 7, "gx"), 1);
+  assert.equal(await redis.jgRouteDrop(key, Number.MAX_SAFE_INTEGER, "gy", "gone"), 1, "a silent gateway's every registration");
   assert.equal(await redis.hget(key, ":r"), "", "known: nobody");
   assert.deepEqual(parseRoutes(""), { gateways: [], unknown: false });
   assert.ok((await redis.ttl(key)) > 0, "the hash has an expiry");
