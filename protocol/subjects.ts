@@ -90,6 +90,12 @@ export function frozenSubject(shard: number): string {
   return `jetgate.frozen.${assertShard(shard)}`;
 }
 
+/** The operator console's request for every process's counts (protocol/io/ops-stats.ts); jetgate's NATS user only. */
+export const OPS_STATS_SUBJECT = "jetgate.ops.stats";
+
+/** Every gateway's live pushes, routed and broadcast: what a listener to all of them subscribes to (tests, debugging). */
+export const ALL_PUSH_SUBJECTS = "jetgate.push.>";
+
 /**
  * Requests from the gateway that took a backend's call (HTTP, service token) to every gateway, each
  * answering with what it did or holds (NATS request, many replies). jetgate's own NATS user only

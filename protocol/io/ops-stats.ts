@@ -12,9 +12,9 @@
 import { createHmac, randomBytes, timingSafeEqual } from "node:crypto";
 import { headers, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { z } from "zod";
+import { OPS_STATS_SUBJECT } from "../subjects.js";
 import type { DependencyHealth } from "./health.js";
 
-export const OPS_STATS_SUBJECT = "jetgate.ops.stats";
 /** Header of a signed answer: hex HMAC-SHA256 of `<nonce>\n<answer>` with the first JETGATE_OPS_KEY. */
 export const OPS_SIG_HEADER = "Jetgate-Sig";
 /** Answers read per request (a fleet's processes, with room); the rest are not read. */

@@ -8,6 +8,7 @@ import { connect, type Msg, type NatsConnection, type Subscription } from "@nats
 import { Redis } from "ioredis";
 import {
   BROADCAST_PUSH_SUBJECT,
+  ALL_PUSH_SUBJECTS,
   REDIS_SCRIPTS,
   type RedisScriptCommands,
   RedisKeys,
@@ -205,7 +206,7 @@ export class PushCollector {
     };
     // as a gateway: its own pushes and those sent to every gateway (a user's routes unknown: its
     // first entry after the collector registered into a new hash goes there)
-    const subjects = redisUrl === undefined ? ["jetgate.push.>"] : [routedPushSubject(COLLECTOR_GATEWAY), BROADCAST_PUSH_SUBJECT];
+    const subjects = redisUrl === undefined ? [ALL_PUSH_SUBJECTS] : [routedPushSubject(COLLECTOR_GATEWAY), BROADCAST_PUSH_SUBJECT];
     self.subs = subjects.map((subject) => nc.subscribe(subject, { callback: (_e, m) => take(m) }));
     await nc.flush();
     return self;

@@ -14,6 +14,7 @@ import { chromium, type Browser } from "playwright-core";
 import { UserLookupSchema } from "../../gateway/users-api.js";
 import { AdminStateSchema } from "../../gateway/admin.js";
 import { redisClient, startStack, spawnGateway, spawnWorker, type JetgateProcess } from "../harness/stack.js";
+import { OPS_STATS_SUBJECT } from "../../protocol/index.js";
 import { runCli } from "../harness/cli.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { waitFor } from "../harness/wait.js";
@@ -105,7 +106,7 @@ test("console - wrong tokens are throttled per client address: after 10, 429 wit
 
 test("console - the state is read once however many tabs poll: 20 polls at once, one request on jetgate.ops.stats", async () => {
   const g = await spawnGateway(stack.infra.env, { JETGATE_ADMIN_TOKEN: TOKEN });
-  const requests = stack.nc.subscribe("jetgate.ops.stats");
+  const requests = stack.nc.subscribe(OPS_STATS_SUBJECT);
   let seen = 0;
   void (async () => {
     for await (const _ of requests) seen++;
@@ -124,10 +125,10 @@ test("console - the state is read once however many tabs poll: 20 polls at once,
 test("console - with JETGATE_OPS_KEY only signed answers are shown: a fake worker's, and unsigned ones, are counted, not shown; an oversized answer is not read", async () => {
   const key = Buffer.alloc(32, 9).toString("base64");
   const g = await spawnGateway(stack.infra.env, { JETGATE_ADMIN_TOKEN: TOKEN, JETGATE_OPS_KEY: key });
-  const fake = stack.nc.subscribe("jetgate.ops.stats", {
+  const fake = stack.nc.subscribe(OPS_STATS_SUBJECT, {
     callback: (_e, m) => void m.respond(JSON.stringify({ kind: "worker", id: "fake", startedAt: 0, regressions: 123456, dependencies: { nats: true, redis: true }, shards: [{ shard: 0, offset: 0, lag: 0 }] })),
   });
-  const flood = stack.nc.subscribe("jetgate.ops.stats", { callback: (_e, m) => void m.respond(new Uint8Array(600 * 1024)) });
+  const flood = stack.nc.subscribe(OPS_STATS_SUBJECT, { callback: (_e, m) => void m.respond(new Uint8Array(600 * 1024)) });
   try {
     await stack.nc.flush();
     const st = AdminStateSchema.parse(await (await fetch(`http://127.0.0.1:${g.httpPort}/admin/api/state`, { headers: { authorization: `Bearer ${TOKEN}` } })).json());

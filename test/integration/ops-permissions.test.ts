@@ -8,7 +8,7 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { CONTROL_SUBJECTS } from "../../protocol/index.js";
+import { CONTROL_SUBJECTS, OPS_STATS_SUBJECT } from "../../protocol/index.js";
 import { Dispatcher, RegistryClient } from "../../protocol/io/index.js";
 import { AdminStateSchema } from "../../gateway/admin.js";
 import { NatsServer, RedisServer } from "../harness/servers.js";
@@ -65,8 +65,8 @@ test("ops permissions - a backend dispatches as `backend`: the entry reaches a d
 });
 
 test("ops permissions - `backend` can neither answer nor ask on jetgate.ops.stats, nor publish on an inbox; the console shows jetgate's processes", async () => {
-  assert.match(await nextPermissionError(backend, () => backend.subscribe("jetgate.ops.stats", { callback: () => undefined })), /Permissions Violation for Subscription to "jetgate\.ops\.stats"/);
-  assert.match(await nextPermissionError(backend, () => backend.publish("jetgate.ops.stats", "")), /Permissions Violation for Publish to "jetgate\.ops\.stats"/);
+  assert.match(await nextPermissionError(backend, () => backend.subscribe(OPS_STATS_SUBJECT, { callback: () => undefined })), /Permissions Violation for Subscription to "jetgate\.ops\.stats"/);
+  assert.match(await nextPermissionError(backend, () => backend.publish(OPS_STATS_SUBJECT, "")), /Permissions Violation for Publish to "jetgate\.ops\.stats"/);
   assert.match(await nextPermissionError(backend, () => backend.publish("_INBOX.someone", "{}")), /Permissions Violation for Publish to "_INBOX\.someone"/);
   // the users API's control requests (end sessions, revoke tokens) are jetgate's own too
   for (const subject of Object.values(CONTROL_SUBJECTS)) {

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  kickSubject, frozenSubject, entrySubject, routedPushSubject, BROADCAST_PUSH_SUBJECT, ingressSubject, shardStream, userSubjects, parseEntrySubject, entryMsgId, ingressMsgId,
+  kickSubject, frozenSubject, entrySubject, routedPushSubject, BROADCAST_PUSH_SUBJECT, ALL_PUSH_SUBJECTS, OPS_STATS_SUBJECT, ingressSubject, shardStream, userSubjects, parseEntrySubject, entryMsgId, ingressMsgId,
   InvalidIdError, InvalidShardError, assertId,
 } from "../../protocol/index.js";
 
@@ -11,6 +11,8 @@ test("subjects - builders produce the documented names", () => {
   assert.equal(routedPushSubject("gw-1"), "jetgate.push.gw.gw-1");
   assert.equal(BROADCAST_PUSH_SUBJECT, "jetgate.push.any", "one token fewer than any gateway's subject");
   assert.equal(kickSubject("gw-1"), "jetgate.kick.gw-1");
+  assert.equal(ALL_PUSH_SUBJECTS, "jetgate.push.>", "covers routed and broadcast pushes");
+  assert.equal(OPS_STATS_SUBJECT, "jetgate.ops.stats", "the name docs/examples/nats-permissions.conf keeps to jetgate's user");
   assert.equal(frozenSubject(7), "jetgate.frozen.7");
   assert.throws(() => kickSubject("a.b"), /gateway id/);
   assert.equal(ingressSubject("alice", "phone-1"), "in.alice.phone-1");
