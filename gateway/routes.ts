@@ -16,13 +16,10 @@
  * step, and `onRepaired` sends the sessions whatever they missed below it.
  */
 import type { Logger } from "pino";
-import type { MailboxSeq, RedisKeys } from "../protocol/index.js";
+import { GATEWAY_LIVENESS, type MailboxSeq, type RedisKeys } from "../protocol/index.js";
 import { scripted, type RedisClient, type ScriptedRedis } from "../protocol/io/index.js";
 import type { RoutePort } from "./ports.js";
 
-const BEAT_MS = 1000;
-/** Without a beat for this long, every route is registered again (workers drop a silent gateway's routes after 60 s). */
-const REREGISTER_AFTER_MS = 20_000;
 const RETRY_MS = 1000;
 const RETRY_CHUNK = 500;
 
@@ -141,7 +138,7 @@ export class RouteTable implements RoutePort {
     this.lastBeat = now;
     this.strays.clear();
     const lost = added === 1 && !first;
-    if ((lost || (!first && silentMs >= REREGISTER_AFTER_MS)) && this.held.size > 0) {
+    if ((lost || (!first && silentMs >= GATEWAY_LIVENESS.reregisterAfterMs)) && this.held.size > 0) {
       this.log.warn({ silentMs: Math.round(silentMs), users: this.held.size, redisLostTheSet: lost }, lost ? "Redis lost this gateway's beat (and so its routes): registering every route again" : "no beat for a while: registering every route again");
       for (const user of this.held.keys()) this.pending.add(user);
       await this.retryPending();
@@ -167,7 +164,7 @@ export class RouteTable implements RoutePort {
 
   start(): void {
     void this.beat();
-    const beat = setInterval(() => void this.beat(), BEAT_MS);
+    const beat = setInterval(() => void this.beat(), GATEWAY_LIVENESS.beatEveryMs);
     const retry = setInterval(() => {
       if (this.pending.size > 0) void this.retryPending();
     }, RETRY_MS);

@@ -14,6 +14,7 @@ import type * as Uws from "uWebSockets.js";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { z } from "zod";
 import {
+  GATEWAY_LIVENESS,
   CONTROL_SUBJECTS,
   idProblem,
   seqLabel,
@@ -44,8 +45,6 @@ import type { Revocation, RevocationStore } from "./revocations.js";
 export const MAX_USERS_API_BODY = 16 * 1024;
 /** How long a call waits for the gateways' answers. */
 const ASK_WAIT_MS = 1000;
-/** A gateway that beat within this long counts as live (they beat every second). */
-const LIVE_BEAT_S = 5;
 
 const reason = ReasonSchema;
 
@@ -299,7 +298,7 @@ export function userLookups(d: Pick<UsersApiDeps, "nc" | "redis" | "keys" | "reg
     try {
       const [now, ...rest] = await redis.jgGatewaysSeen(d.keys.gateways());
       let n = 0;
-      for (let i = 1; i < rest.length; i += 2) if (Number(rest[i]) >= Number(now) - LIVE_BEAT_S) n++;
+      for (let i = 1; i < rest.length; i += 2) if (Number(rest[i]) >= Number(now) - GATEWAY_LIVENESS.liveWithinS) n++;
       return n;
     } catch {
       return null;

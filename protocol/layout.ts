@@ -354,6 +354,23 @@ return removed
 `;
 
 /**
+ * How gateways show they are alive, and what the others conclude from it (one home: the gateway
+ * beats with these, the worker and the users API read the beats with them). Each is well inside
+ * the next: a gateway that beats every second and re-registers its routes after 20 s without a
+ * beat never looks silent to a worker (60 s), and counts as live for the users API within 5 s.
+ */
+export const GATEWAY_LIVENESS = {
+  /** How often a gateway beats into the gateways' set. */
+  beatEveryMs: 1000,
+  /** A gateway that could not beat for this long registers every route of its users again. */
+  reregisterAfterMs: 20_000,
+  /** A gateway whose last beat is older is counted live by no one (the users API's wait). */
+  liveWithinS: 5,
+  /** A gateway whose last beat is older is silent: workers send it nothing and drop its routes. */
+  silentAfterS: 60,
+} as const;
+
+/**
  * A gateway's beat: its score in the gateways' sorted set is Redis's clock (seconds), so workers
  * and gateways never compare two machines' clocks. Members silent for a week are removed.
  * KEYS: gateways; ARGV: gateway. Returns 1 when the gateway was not in the set (its first beat,

@@ -1,15 +1,14 @@
 /**
  * The worker's view of which gateways stopped: every gateway beats into a sorted set scored by
- * Redis's clock (gateway/routes.ts); a gateway whose last beat is older than SILENT_AFTER_S is
+ * Redis's clock (gateway/routes.ts); a gateway whose last beat is older than `silentAfterS` is
  * silent, and the router neither sends to it nor keeps it in users' routes. A gateway missing from
  * the set is not silent: the set is a cache too (evicted, flushed), and sending to a gateway that is
  * gone costs a message, while skipping one that is there would cost its devices their pushes.
  * A view older than STALE_AFTER_MS (Redis away) calls nobody silent.
  */
+import { GATEWAY_LIVENESS } from "../protocol/index.js";
 import type { GatewayLiveness } from "./push-router.js";
 
-/** A gateway beats every 5 s and registers all its routes again after 20 s without a beat; 60 s is well past both. */
-export const SILENT_AFTER_S = 60;
 const STALE_AFTER_MS = 30_000;
 
 /** Reads the beats: `[now, gateway, score, gateway, score, ...]` (GATEWAYS_SEEN_LUA). */
@@ -41,7 +40,7 @@ export class GatewayBeats implements GatewayLiveness {
     this.readAt = this.clock();
     const now = Number(reply[0]);
     const silent = new Set<string>();
-    for (let i = 1; i + 1 < reply.length; i += 2) if (Number(reply[i + 1]) < now - SILENT_AFTER_S) silent.add(reply[i]!);
+    for (let i = 1; i + 1 < reply.length; i += 2) if (Number(reply[i + 1]) < now - GATEWAY_LIVENESS.silentAfterS) silent.add(reply[i]!);
     const changed = silent.size !== this.silent.size || [...silent].some((g) => !this.silent.has(g));
     this.silent = silent;
     if (changed) this.onChange();

@@ -3,7 +3,9 @@ import assert from "node:assert/strict";
 import fc from "fast-check";
 import { BROADCAST_PUSH_SUBJECT, composeSeq, decodePushBatch, routedPushSubject, type Push } from "../../protocol/index.js";
 import { PushRouter } from "../../worker/push-router.js";
-import { GatewayBeats, SILENT_AFTER_S } from "../../worker/gateway-beats.js";
+import { GatewayBeats } from "../../worker/gateway-beats.js";
+import { GATEWAY_LIVENESS } from "../../protocol/index.js";
+const SILENT_AFTER_S = GATEWAY_LIVENESS.silentAfterS;
 
 const push = (user: string, o: number): Push => ({
   user, shard: 1, epoch: 2, prevAll: o > 1 ? composeSeq(2, o - 1) : null,

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Redis } from "ioredis";
-import { REDIS_SCRIPTS } from "../../protocol/index.js";
+import { GATEWAY_LIVENESS, REDIS_SCRIPTS } from "../../protocol/index.js";
 import { scripted } from "../../protocol/io/index.js";
 
 test("scripted: a client made with the scripts gets their typed calls; one made without is refused by name", () => {
@@ -15,4 +15,11 @@ test("scripted: a client made with the scripts gets their typed calls; one made 
     withScripts.disconnect();
     bare.disconnect();
   }
+});
+
+test("gateway liveness: each figure well inside the next, so a gateway that beats is never silent to a worker", () => {
+  const { beatEveryMs, reregisterAfterMs, liveWithinS, silentAfterS } = GATEWAY_LIVENESS;
+  assert.ok(beatEveryMs * 3 <= liveWithinS * 1000, "live: several beats may be missed");
+  assert.ok(liveWithinS * 1000 < reregisterAfterMs, "a gateway re-registers only after it stopped counting as live");
+  assert.ok(reregisterAfterMs * 2 <= silentAfterS * 1000, "it re-registers well before workers drop its routes");
 });
