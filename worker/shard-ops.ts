@@ -14,7 +14,6 @@ import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager, type JetStreamManager, type StreamInfo } from "@nats-io/jetstream";
 import {
   registryRecord,
-  processingFloor,
   seqLabel,
   JetgateError,
   bumpEpoch,
@@ -40,6 +39,7 @@ import {
   shardStreamConfig,
   type StreamSettings,
 } from "../protocol/io/index.js";
+import { readAckFloor } from "./shard-adapters.js";
 
 export class OperationError extends JetgateError {
   constructor(message: string) {
@@ -90,12 +90,6 @@ async function streamInfo(jsm: JetStreamManager, name: string): Promise<StreamIn
     if (isNotFound(err)) return undefined;
     throw err;
   }
-}
-
-async function workerAckFloor(jsm: JetStreamManager, stream: string): Promise<number> {
-  const consumers = [];
-  for await (const c of jsm.consumers.list(stream)) consumers.push(c);
-  return processingFloor(consumers);
 }
 
 /** How often a stream copy says how far it is. */
@@ -161,7 +155,7 @@ async function copied(jsm: JetStreamManager, name: string, want: number, ctx: Op
 export async function takeoverShard(ctx: OpsContext, shard: number): Promise<void> {
   await withRegistry(ctx, async (registry, jsm) => {
     const before = activeShard(registry, shard);
-    const floor = await workerAckFloor(jsm, shardStream(shard));
+    const { floor } = await readAckFloor(jsm, shardStream(shard));
     let unclaimed: ShardState | undefined;
     const written = await registry.update((state) => {
       const s = state.shards.get(shard)!;

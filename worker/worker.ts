@@ -12,7 +12,8 @@ import type { Logger } from "pino";
 import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
 import { writeRefusal } from "../protocol/io/index.js";
 import { Leases } from "./leases.js";
-import { ShardRunner, type RunnerDeps } from "./shard-runner.js";
+import { shardRunnerDeps, type WorkerDeps } from "./shard-adapters.js";
+import { ShardRunner } from "./shard-runner.js";
 
 export interface WorkerOptions {
   leaseMs: number;
@@ -47,7 +48,7 @@ export class Worker {
   private liveWorkers: string[] = [];
 
   constructor(
-    private readonly deps: RunnerDeps,
+    private readonly deps: WorkerDeps,
     private readonly opts: WorkerOptions,
   ) {
     this.leases = new Leases(deps.redis, deps.keys, deps.workerId, opts.leaseMs);
@@ -92,7 +93,7 @@ export class Worker {
 
   private async tick(): Promise<void> {
     if (this.statusValue.type !== "running") return;
-    this.jsm ??= await jetstreamManager(this.deps.nc);
+    const jsm = (this.jsm ??= await jetstreamManager(this.deps.nc));
     const natsOk = this.opts.nats?.answering() ?? true;
     // Redis failing until now (refusing writes, say): a lease found expired was that, not a lost key
     const troubled = this.anyTrouble();
@@ -135,7 +136,7 @@ export class Worker {
         .sort((a, b) => rendezvous(me, b).localeCompare(rendezvous(me, a)));
       for (const shard of free) {
         if (this.runners.size >= target || this.statusValue.type !== "running") break;
-        if (await this.leases.acquire(shard)) await this.run(shard);
+        if (await this.leases.acquire(shard)) await this.run(shard, jsm);
       }
     } else if (this.runners.size > target) {
       const worst = [...this.runners.keys()].sort((a, b) => rendezvous(me, a).localeCompare(rendezvous(me, b)))[0]!;
@@ -181,8 +182,8 @@ export class Worker {
   private settleSince: number | undefined;
   private settleUntil = 0;
 
-  private async run(shard: number): Promise<void> {
-    const runner = new ShardRunner(shard, this.deps);
+  private async run(shard: number, jsm: JetStreamManager): Promise<void> {
+    const runner = new ShardRunner(shard, shardRunnerDeps(this.deps, jsm, shard));
     this.runners.set(shard, runner);
     this.deps.metrics.lease.set({ shard: String(shard) }, 1);
     await runner.start();
@@ -289,9 +290,8 @@ export class Worker {
   }
 
   private async observe(): Promise<void> {
-    if (this.jsm === undefined) return;
     for (const r of this.runners.values()) {
-      const lag = await r.lag(this.jsm!).catch(() => undefined);
+      const lag = await r.lag().catch(() => undefined);
       if (lag !== undefined) {
         this.deps.metrics.lag.set({ shard: String(r.shard) }, lag);
         this.lags.set(r.shard, lag);

@@ -1,0 +1,209 @@
+/**
+ * A shard's batches under one epoch (docs/registry-and-worker.md, "A batch"): the offsets the
+ * consumer skipped are read from the stream first, each entry gets its seq, Redis does its work
+ * (one script call per Redis node, retried while Redis is away), the epoch is confirmed against
+ * the registry's head, the pushes go to the gateways of each user (worker/push-router.ts) and the
+ * entries of users a split moved are forwarded, then one AckAll ack of the highest offset. A crash
+ * between any two steps re-processes the batch under a newer epoch. The decisions are pure
+ * (worker/batch-step.ts); this does the I/O between them, through the ports.
+ */
+import type { Logger } from "pino";
+import {
+  backoffCeiling,
+  composeSeq,
+  decodeStoredEntry,
+  deriveSeq,
+  entryOwner,
+  entrySubject,
+  parseEntrySubject,
+  type ShardState,
+} from "../protocol/index.js";
+import { writeRefusal } from "../protocol/io/index.js";
+import { planBatch, pushesOf, type BatchItem } from "./batch-step.js";
+import { RETRY_BACKOFF, sleep, type EpochGuard } from "./epoch-guard.js";
+import type { ApplyEntryResult, BatchShared } from "./mailbox-script.js";
+import type { WorkerMetrics } from "./metrics.js";
+import type { DeliveredMsg, LogMsg, MailboxStore, PushSink, RegistryView, ShardLog } from "./shard-ports.js";
+import type { RunnerConfig } from "./shard-runner.js";
+
+export interface BatchDeps {
+  shard: number;
+  shardLog: ShardLog;
+  mailboxes: MailboxStore;
+  pushes: PushSink;
+  registry: RegistryView;
+  metrics: WorkerMetrics;
+  log: Logger;
+  config: RunnerConfig;
+}
+
+interface Item extends BatchItem {
+  msg: LogMsg;
+  dispatch: string;
+}
+
+/** Where a runner's epoch starts: its consumer's first offset and its boundary's start (see planTakeover). */
+export interface EpochStart {
+  startOffset: number;
+  boundaryStart: number;
+}
+
+export class ShardBatches {
+  /** The last offset done, and the seq of the last entry numbered. */
+  private lastOffset: number;
+  private lastSeq: bigint;
+  private readonly label: { shard: string };
+  private readonly settings: Omit<BatchShared, "shard" | "log">;
+
+  constructor(
+    private readonly d: BatchDeps,
+    private readonly guard: EpochGuard,
+    private readonly start: EpochStart,
+  ) {
+    this.label = { shard: String(d.shard) };
+    const c = d.config;
+    this.settings = {
+      dedupTtlS: c.JETGATE_DEDUP_TTL_S > 0 ? c.JETGATE_DEDUP_TTL_S : c.JETGATE_STREAM_MAX_AGE_S,
+      hotCacheMaxLen: c.JETGATE_HOT_CACHE_MAXLEN,
+      hotCacheTtlS: c.JETGATE_HOT_CACHE_TTL_S,
+      watermarkTtlS: Math.max(c.JETGATE_STREAM_MAX_AGE_S, c.JETGATE_HOT_CACHE_TTL_S),
+    };
+    // everything below the consumer's first offset counts as done
+    this.lastOffset = start.startOffset - 1;
+    this.lastSeq = start.startOffset > 1 ? this.seqOf(start.startOffset - 1) : 0n;
+  }
+
+  /** The last log offset done. */
+  get offset(): number {
+    return this.lastOffset;
+  }
+
+  /** The seq of an offset of the current log: this epoch's from its boundary on, older ones below. */
+  private seqOf(offset: number): bigint {
+    const epoch = this.guard.epoch;
+    if (offset >= this.start.boundaryStart) return composeSeq(epoch, offset);
+    const s = this.d.registry.state.shards.get(this.d.shard)!;
+    return deriveSeq(s, s.log, offset) ?? composeSeq(epoch, offset);
+  }
+
+  /** Processes one batch; false when the runner must stop (fenced or stopping). */
+  async process(batch: readonly DeliveredMsg[]): Promise<boolean> {
+    if (!this.guard.holds()) return false;
+    const shardState = this.d.registry.state.shards.get(this.d.shard)!;
+    const items: Item[] = [];
+    const forwards: LogMsg[] = [];
+    const take = (m: LogMsg) => {
+      const parsed = this.parse(m, shardState);
+      if (parsed === "forward") forwards.push(m);
+      else if (parsed !== undefined) items.push(parsed);
+    };
+    const plan = planBatch(batch.map((m) => m.seq), this.lastOffset);
+    for (const i of plan.take) {
+      const hole = plan.holes.get(i);
+      if (hole !== undefined) for (const x of await this.readSkipped(hole[0], hole[1])) take(x);
+      take(batch[i]!);
+    }
+    const results = await this.redisStep(items);
+    if (results === undefined) return false;
+    this.fault("redis");
+    // Confirm the epoch against the registry's head before anything leaves this process.
+    if (!(await this.guard.confirm())) return false;
+    const { pushes, duplicates } = pushesOf(items, results, this.d.shard, this.guard.epoch);
+    if (duplicates > 0) this.d.metrics.duplicates.inc(this.label, duplicates);
+    const now = Date.now();
+    for (const p of pushes) {
+      this.d.pushes.route(p.push, p.routes);
+      this.d.metrics.pushLatency.observe(Math.max(0, now - p.push.entry.ts) / 1000);
+    }
+    // before the ack, on the same connection: a crash never acks an entry whose push is not out
+    this.d.pushes.flush();
+    if (forwards.length > 0) await this.forward(forwards);
+    this.fault("push");
+    // AckAll: everything up to the highest offset (a batch of redeliveries only: acked again, harmless)
+    batch[plan.ack]!.ack();
+    this.lastOffset = plan.maxOffset;
+    this.d.metrics.processed.inc(this.label, items.length + forwards.length);
+    this.d.metrics.pushed.inc(this.label, pushes.length);
+    this.d.metrics.batches.inc(this.label);
+    this.d.metrics.offset.set(this.label, this.lastOffset);
+    return true;
+  }
+
+  /**
+   * The messages at offsets from..to that the consumer skipped, from the stream; offsets retention
+   * removed (below the stream's first) or never written are not there to read.
+   */
+  private async readSkipped(from: number, to: number): Promise<LogMsg[]> {
+    const first = await this.d.shardLog.firstOffset();
+    const out: LogMsg[] = [];
+    for (let seq = Math.max(from, first); seq <= to; seq++) {
+      const m = await this.d.shardLog.read(seq);
+      if (m !== null) out.push(m);
+    }
+    if (out.length > 0) {
+      this.d.metrics.deliveryGaps.inc(this.label, out.length);
+      this.d.log.warn({ shard: this.d.shard, from, to, fetched: out.length }, "the consumer skipped offsets: fetched from the stream");
+    }
+    return out;
+  }
+
+  private parse(m: LogMsg, shardState: ShardState): Item | "forward" | undefined {
+    const subj = parseEntrySubject(m.subject);
+    try {
+      if (subj === undefined || subj.shard !== this.d.shard) throw new Error(`unexpected subject ${m.subject}`);
+      const seq = this.seqOf(m.seq);
+      // Before any split every entry of a shard's stream is its own; only then is the hash worth it.
+      if (shardState.splits.length > 0 && entryOwner(shardState, subj.user, seq) === "forward") return "forward";
+      const body = decodeStoredEntry(m.data);
+      if (seq <= this.lastSeq) this.d.metrics.regressions.inc({ component: "worker" });
+      this.lastSeq = seq;
+      return { msg: m, user: subj.user, lane: subj.lane, seq, id: body.id, dispatch: body.d, ts: body.ts, b: body.b };
+    } catch (err) {
+      this.d.metrics.badEntries.inc(this.label);
+      this.d.log.warn({ shard: this.d.shard, offset: m.seq, err: (err as Error).message }, "skipping an unreadable entry");
+      return undefined;
+    }
+  }
+
+  /** The Redis work of a batch, retried with backoff while Redis is unavailable; undefined once fenced or stopping. */
+  private async redisStep(items: Item[]): Promise<ApplyEntryResult[] | undefined> {
+    if (items.length === 0) return [];
+    const shared: BatchShared = { shard: this.d.shard, log: this.d.registry.state.shards.get(this.d.shard)!.log, ...this.settings };
+    const entries = items.map((it) => ({ user: it.user, dispatch: it.dispatch, lane: it.lane, offset: it.msg.seq, seq: it.seq, body: it.msg.data }));
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await this.d.mailboxes.apply(shared, entries);
+      } catch (err) {
+        this.d.metrics.redisRetries.inc(this.label);
+        if (attempt % 10 === 0) {
+          const refusal = writeRefusal(err);
+          this.d.log.warn({ shard: this.d.shard, err: (err as Error).message, attempt, ...(refusal ? { refusal } : {}) }, refusal ? `redis step failed: Redis refuses writes (${refusal}); retrying` : "redis step failed; retrying");
+        }
+        await sleep(backoffCeiling(attempt, RETRY_BACKOFF));
+        if (!this.guard.holds()) return undefined;
+      }
+    }
+  }
+
+  /** Entries for users another shard owns now (after a split) go there, same Nats-Msg-Id. */
+  private async forward(msgs: LogMsg[]): Promise<void> {
+    const map = this.d.registry.shards;
+    await Promise.all(
+      msgs.map(async (m) => {
+        const subj = parseEntrySubject(m.subject)!;
+        const target = map.shardOf(subj.user);
+        if (target === undefined || target === this.d.shard) return;
+        await this.d.shardLog.forward(entrySubject(target, subj.user, subj.lane), m.data, m.headers?.get("Nats-Msg-Id"));
+        this.d.metrics.forwarded.inc(this.label);
+      }),
+    );
+  }
+
+  /** Test-only: die here, as hard as a power cut, when configured to. */
+  private fault(step: "redis" | "push"): void {
+    if (this.d.config.JETGATE_FAULT_EXIT_AFTER === step) {
+      this.d.log.warn({ step }, "fault hook: SIGKILL");
+      process.kill(process.pid, "SIGKILL");
+    }
+  }
+}

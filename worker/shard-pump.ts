@@ -1,0 +1,87 @@
+/**
+ * From the consumer's deliveries to batches. A reader moves deliveries into a bounded queue; the
+ * processor takes everything queued (up to a batch) as one batch and never waits to fill one, so a
+ * live entry is pushed as soon as the batch before it is done. The reader pauses while the queue
+ * holds two batches.
+ */
+import type { DeliveredMsg, Deliveries } from "./shard-ports.js";
+
+/** The queue between the reader and the processor. */
+export class BatchQueue<T> {
+  private readonly items: T[] = [];
+  /** Resolves the processor waiting for an item. */
+  private wake: (() => void) | undefined;
+  /** Resolves the reader waiting for room. */
+  private room: (() => void) | undefined;
+  private done = false;
+  private readonly reader: Promise<void>;
+
+  constructor(
+    source: AsyncIterable<T>,
+    private readonly limit: number,
+    onError: (err: unknown) => void,
+  ) {
+    this.reader = this.read(source, onError);
+  }
+
+  private async read(source: AsyncIterable<T>, onError: (err: unknown) => void): Promise<void> {
+    try {
+      for await (const m of source) {
+        this.items.push(m);
+        this.wake?.();
+        if (this.items.length >= this.limit) await new Promise<void>((r) => (this.room = r));
+      }
+    } catch (err) {
+      onError(err);
+    } finally {
+      this.done = true;
+      this.wake?.();
+    }
+  }
+
+  /** Everything queued, up to `max`, once there is something; undefined once the source ended and nothing is left. */
+  async take(max: number): Promise<T[] | undefined> {
+    while (this.items.length === 0) {
+      if (this.done) return undefined;
+      await new Promise<void>((r) => (this.wake = r));
+      this.wake = undefined;
+    }
+    const batch = this.items.splice(0, max);
+    this.room?.();
+    this.room = undefined;
+    return batch;
+  }
+
+  /** Lets a paused reader go on and waits for it to end (stop the source first). */
+  async close(): Promise<void> {
+    this.room?.();
+    await this.reader;
+  }
+}
+
+export interface PumpHooks {
+  /** Whether the runner still runs; checked before each batch. */
+  running(): boolean;
+  /** Processes one batch; false when the runner must stop. */
+  process(batch: DeliveredMsg[]): Promise<boolean>;
+  /** The loop ended (the runner stopped, a batch failed, the consumer ended): stop the deliveries. */
+  ended(): void;
+  error(msg: string, err: unknown): void;
+}
+
+/** Runs batches of `deliveries` through `hooks.process` until the runner stops; resolves once the reader has ended. */
+export async function pump(deliveries: Deliveries, batchSize: number, hooks: PumpHooks): Promise<void> {
+  const queue = new BatchQueue(deliveries, batchSize * 2, (err) => hooks.error("consume failed", err));
+  while (hooks.running()) {
+    const batch = await queue.take(batchSize);
+    if (batch === undefined) break;
+    try {
+      if (!(await hooks.process(batch))) break;
+    } catch (err) {
+      hooks.error("batch failed", err);
+      break;
+    }
+  }
+  hooks.ended();
+  await queue.close();
+}
