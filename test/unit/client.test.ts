@@ -641,7 +641,7 @@ test("client - refreshes its token before it expires: REFRESH with a fresh token
 });
 
 test("client - refreshDelay: three quarters of what is left, never under a second, so a short token is never a refresh loop", async () => {
-  const { refreshDelay } = await import("../../client/client.js");
+  const { refreshDelay } = await import("../../client/token-refresh.js");
   for (const [left, want] of [
     [3_600_000, 2_700_000],
     [60_000, 45_000], // 60 s tokens: once in 45 s (it was every second: "at least a minute before" left nothing)
@@ -686,7 +686,7 @@ test("client - a token() that never answers is bounded by connectTimeoutMs: the 
 });
 
 test("client - tokenExpiry reads exp without verifying, and nothing from garbage", async () => {
-  const { tokenExpiry } = await import("../../client/client.js");
+  const { tokenExpiry } = await import("../../client/token-refresh.js");
   const body = Buffer.from(JSON.stringify({ exp: 1700000000 })).toString("base64url");
   assert.equal(tokenExpiry(`a.${body}.c`), 1700000000 * 1000);
   assert.equal(tokenExpiry("jwt"), undefined);
