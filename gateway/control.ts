@@ -10,7 +10,7 @@
 import type { Msg, NatsConnection, Subscription } from "@nats-io/transport-node";
 import type { Logger } from "pino";
 import { z } from "zod";
-import { CONTROL_SUBJECTS, CloseCode, idSchema } from "../protocol/index.js";
+import { CONTROL_SUBJECTS, Disconnect, idSchema, withReason } from "../protocol/index.js";
 import { RevocationSchema, type Revocations } from "./revocations.js";
 
 /** Users one presence request may name. */
@@ -22,9 +22,15 @@ export const MAX_REASON_LENGTH = 100;
 export const DisconnectMode = z.enum(["signed_out", "reconnect"]);
 export type DisconnectMode = z.output<typeof DisconnectMode>;
 
+/** How the sessions end: the backend's reason, or "signed out" / "reconnect now". */
+export function disconnectFor(mode: DisconnectMode, reason: string | undefined): Disconnect {
+  return mode === "signed_out" ? withReason(Disconnect.SIGNED_OUT, reason ?? "signed out") : withReason(Disconnect.RECONNECT_NOW, reason ?? "reconnect now");
+}
+
+/** `disconnectFor` as a bare (code, reason) pair; only test/unit/revocations.test.ts still asks for it. */
 export function closeFor(mode: DisconnectMode, reason: string | undefined): { code: number; reason: string } {
-  const code = mode === "signed_out" ? CloseCode.SIGNED_OUT : CloseCode.RECONNECT_NOW;
-  return { code, reason: reason ?? (mode === "signed_out" ? "signed out" : "reconnect now") };
+  const d = disconnectFor(mode, reason);
+  return { code: d.close, reason: d.reason };
 }
 
 /** A disconnect's close reason, as the backend gives it (HTTP) and as gateways take it (NATS). */
@@ -53,7 +59,7 @@ export type ControlReply = z.output<typeof ControlReplySchema>;
 
 /** What the control requests act on: the gateway's sessions and its revocations. */
 export interface ControlTarget {
-  end(user: string, code: number, reason: string, opts?: { device?: string; issuedBefore?: number }): number;
+  end(user: string, d: Disconnect, opts?: { device?: string; issuedBefore?: number }): number;
   present(users: readonly string[]): { user: string; device: string; since: number }[];
 }
 
@@ -82,13 +88,12 @@ export class ControlHandler {
       });
     this.subs = [
       on(CONTROL_SUBJECTS.disconnect, DisconnectRequestSchema, (r) => {
-        const c = closeFor(r.mode, r.reason);
-        return { ended: this.sessions.end(r.user, c.code, c.reason, r.device !== undefined ? { device: r.device } : {}) };
+        return { ended: this.sessions.end(r.user, disconnectFor(r.mode, r.reason), r.device !== undefined ? { device: r.device } : {}) };
       }),
       on(CONTROL_SUBJECTS.revoke, RevokeRequestSchema, (r) => {
         this.revocations.add(r);
-        const c = closeFor(r.mode, r.reason ?? "token revoked");
-        return { ended: this.sessions.end(r.user, c.code, c.reason, { issuedBefore: r.before, ...(r.device !== undefined ? { device: r.device } : {}) }) };
+        const d = disconnectFor(r.mode, r.reason ?? "token revoked");
+        return { ended: this.sessions.end(r.user, d, { issuedBefore: r.before, ...(r.device !== undefined ? { device: r.device } : {}) }) };
       }),
       on(CONTROL_SUBJECTS.presence, PresenceRequestSchema, (r) => ({ sessions: this.sessions.present(r.users) })),
     ];

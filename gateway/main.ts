@@ -7,7 +7,7 @@ import { randomBytes } from "node:crypto";
 import type { AddressInfo } from "node:net";
 import { pino } from "pino";
 import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
-import { CloseCode, ingressMsgId, ingressSubject, RedisKeys, cursorSigner, loadConfig } from "../protocol/index.js";
+import { Disconnect, ingressMsgId, ingressSubject, RedisKeys, cursorSigner, loadConfig } from "../protocol/index.js";
 import {
   DependencyHealth,
   Dispatcher,
@@ -140,7 +140,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
     const every = config.JETGATE_DRAIN_MS / DRAIN_WAVES;
     void (async () => {
       for (let w = 0; w < DRAIN_WAVES; w++) {
-        for (const s of all.slice(w * perWave, (w + 1) * perWave)) s.close(CloseCode.GOING_AWAY, "server draining");
+        for (const s of all.slice(w * perWave, (w + 1) * perWave)) s.close(Disconnect.GOING_AWAY);
         await new Promise((r) => setTimeout(r, every));
       }
       server.stopListening();

@@ -4,7 +4,7 @@
  * (test/harness/session-fakes.ts), so every AUTH case runs without a server.
  */
 import type { Logger } from "pino";
-import type { Config, CursorSigner, Entry, MailboxSeq, Push, RegistryState } from "../protocol/index.js";
+import type { Config, CursorSigner, Disconnect, Entry, MailboxSeq, Push, RegistryState } from "../protocol/index.js";
 import type { ShardBounds } from "./auth-decision.js";
 import type { DeviceClaims } from "./jwt.js";
 import type { GatewayMetrics } from "./metrics.js";
@@ -15,7 +15,16 @@ export interface Transport {
   send(bytes: Uint8Array): boolean;
   /** Bytes queued and not yet written to the socket. */
   buffered(): number;
-  close(code: number, reason: string): void;
+  /** Closes with the Disconnect's code and reason (an ERROR frame, if any, was sent before). */
+  close(d: Disconnect): void;
+}
+
+/** The clock and the one timer a session runs on (gateway/session-clock.ts); tests drive a manual one. */
+export interface TimerPort {
+  now(): number;
+  /** Calls `fn(arg)` after `ms` (passing `arg` spares a closure per session); never keeps the process up. */
+  setTimeout<A>(fn: (arg: A) => void, ms: number, arg: A): unknown;
+  clearTimeout(handle: unknown): void;
 }
 
 export type Source = "cache" | "stream";
@@ -92,7 +101,7 @@ export interface HubMember {
   readonly authAt: number;
   /** `iat` of the session's token (the last REFRESH's), whole seconds; undefined when it has none. */
   readonly issuedAt: number | undefined;
-  close(code: number, reason?: string): void;
+  close(d: Disconnect): void;
   /** Live pushes of this user, in order (those of one batch together). */
   onPushes(pushes: readonly Push[]): void;
   onShardChange(): void;
@@ -102,8 +111,13 @@ export interface HubMember {
   fillTail(head: MailboxSeq | undefined): void;
   /** The user's route was registered again with this head: read and send what the session lacks below it, whatever it is doing. */
   catchUpTo(head: MailboxSeq | undefined): void;
-  /** Close now if the session's token has expired by `now` (the hub asks every session each second). */
-  expireIfDue(now: number): void;
+}
+
+/** The registry as the hub follows it (NATS: protocol's RegistryClient). */
+export interface RegistryFeed {
+  readonly state: RegistryState;
+  /** Calls `l` with each new state; returns the unsubscribe. */
+  onChange(l: (s: RegistryState) => void): () => void;
 }
 
 /** Live pushes for this gateway, a batch at a time (NATS: gateway/push-source.ts). */
@@ -155,4 +169,6 @@ export interface SessionPorts {
   presence: PresencePort;
   acks: AckPort;
   ingress: IngressPort;
+  /** Absent: the system's clock and timers. */
+  timers?: TimerPort;
 }

@@ -14,7 +14,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { SignJWT } from "jose";
 import type * as Uws from "uWebSockets.js";
-import { type Config } from "../protocol/index.js";
+import { type Config, type Disconnect } from "../protocol/index.js";
 import {
   DispatchUnavailableError,
   DispatchValidationError,
@@ -54,10 +54,10 @@ class UwsTransport implements Transport {
     return this.data.closed ? 0 : this.ws.getBufferedAmount();
   }
 
-  close(code: number, reason: string): void {
+  close(d: Disconnect): void {
     if (this.data.closed) return;
     this.data.closed = true;
-    this.ws.end(code, reason);
+    this.ws.end(d.close, d.reason);
   }
 }
 

@@ -8,16 +8,19 @@
  * this gateway register the user again, as does a tail check that finds this gateway missing.
  * Registry changes reach the sessions of the shards they touch.
  */
-import { CloseCode, type MailboxSeq, type Push, type RegistryState } from "../protocol/index.js";
-import { type RegistryClient } from "../protocol/io/index.js";
+import { CloseCode, Disconnect, closeReasons, withReason, type MailboxSeq, type Push, type RegistryState } from "../protocol/index.js";
+import { pushVerdict } from "./hub-push-verdict.js";
 import type { GatewayMetrics } from "./metrics.js";
-import type { HubMember, PushSource, RoutePort, SessionHub } from "./ports.js";
+import type { HubMember, PushSource, RegistryFeed, RoutePort, SessionHub } from "./ports.js";
 import { TokenBucket } from "./rate-limit.js";
 
 /** How long pushes wait for the registry record of their shard and epoch. */
 const HOLD_MS = 10_000;
 /** Pushes held per shard at most (a registry a whole 10 s behind a busy shard). */
 const MAX_WAITING_PUSHES = 100_000;
+
+/** An older session of a device, replaced here or kicked by another gateway: v1's reason text for 4409. */
+const REPLACED_BY_NEWER = withReason(Disconnect.REPLACED, closeReasons[CloseCode.REPLACED]);
 
 /** What the tail check reads of a user: its head (undefined: Redis has none) and its routes. */
 export interface UserHead {
@@ -47,18 +50,12 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
   constructor(
     private readonly pushes: PushSource,
     private readonly routes: Pick<RoutePort, "reassert" | "verify" | "stray">,
-    private readonly registry: Pick<RegistryClient, "state" | "onChange">,
+    private readonly registry: RegistryFeed,
     private readonly metrics: GatewayMetrics,
     private readonly userRate: number,
     private readonly log: { warn(o: object, msg: string): void },
   ) {
     registry.onChange((s) => this.onRegistry(s));
-    // token expiry: one timer for every session here, not one each
-    this.expiryTimer = setInterval(() => {
-      const now = Date.now();
-      for (const s of this.all) s.expireIfDue(now);
-    }, 1000);
-    this.expiryTimer.unref();
     for (const [id, s] of registry.state.shards) this.shardEpochs.set(id, `${s.epoch}/${s.log}/${s.range.lo}-${s.range.hi}`);
     pushes.start((batch, broadcast) => this.onPushes(batch, broadcast));
   }
@@ -79,10 +76,10 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     const older = this.byDevice.get(key);
     if (older !== undefined && older !== s) {
       if (older.authAt > s.authAt) {
-        s.close(CloseCode.REPLACED, "a newer session of this device exists");
+        s.close(Disconnect.REPLACED);
         return;
       }
-      older.close(CloseCode.REPLACED);
+      older.close(REPLACED_BY_NEWER);
     }
     this.byDevice.set(key, s);
     let u = this.users.get(s.user);
@@ -115,15 +112,15 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
 
   /**
    * Ends the user's sessions here (one device's when `device` is given; with `issuedBefore`, only
-   * those whose token was issued before it, or has no `iat`: a revocation) with `code`. Returns
-   * how many it closed.
+   * those whose token was issued before it, or has no `iat`: a revocation) with `d`. Returns how
+   * many it closed.
    */
-  end(user: string, code: number, reason: string, opts: { device?: string; issuedBefore?: number } = {}): number {
+  end(user: string, d: Disconnect, opts: { device?: string; issuedBefore?: number } = {}): number {
     let n = 0;
     for (const s of this.users.get(user)?.sessions ?? []) {
       if (opts.device !== undefined && s.device !== opts.device) continue;
       if (opts.issuedBefore !== undefined && s.issuedAt !== undefined && s.issuedAt >= opts.issuedBefore) continue;
-      s.close(code, reason);
+      s.close(d);
       n++;
     }
     return n;
@@ -139,7 +136,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
   /** A kick from another gateway (or this one): close that exact session with 4409. */
   kick(user: string, device: string, session: string): void {
     const s = this.byDevice.get(`${user}/${device}`);
-    if (s !== undefined && s.id === session) s.close(CloseCode.REPLACED);
+    if (s !== undefined && s.id === session) s.close(REPLACED_BY_NEWER);
   }
 
   /** Per-user token bucket over all of the user's sessions here. */
@@ -165,12 +162,6 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
    */
   private readonly waiting = new Map<number, { since: number; pushes: { push: Push; broadcast: boolean }[] }>();
 
-  /** Whether the registry view knows `push`'s shard at its epoch. */
-  private knows(push: Push): boolean {
-    const shard = this.registry.state.shards.get(push.shard);
-    return shard !== undefined && push.epoch <= shard.epoch;
-  }
-
   /** One batch from the push source: stale pushes dropped, the rest handed to each user's sessions together. */
   onPushes(batch: readonly Push[], broadcast = false): void {
     const now = Date.now();
@@ -178,13 +169,13 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     let strays = 0;
     const byUser = new Map<string, Push[]>();
     for (const push of batch) {
-      const shard = this.registry.state.shards.get(push.shard);
+      const verdict = pushVerdict(this.registry.state, push);
       // behind on this shard, or pushes of it already held: held (in order) until the registry catches up
-      if (shard === undefined || push.epoch > shard.epoch || (this.waiting.size > 0 && this.waiting.has(push.shard))) {
+      if (verdict === "hold" || (this.waiting.size > 0 && this.waiting.has(push.shard))) {
         this.hold(push, broadcast, now);
         continue;
       }
-      if (push.epoch < shard.epoch) {
+      if (verdict === "stale") {
         this.metrics.stalePushes.inc();
         continue;
       }
@@ -226,7 +217,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
   /** Pushes held for a shard whose registry record has arrived go on, in order; the rest wait. */
   private releaseHolds(): void {
     for (const [shard, w] of this.waiting) {
-      if (!w.pushes.every((h) => this.knows(h.push))) continue;
+      if (w.pushes.some((h) => pushVerdict(this.registry.state, h.push) === "hold")) continue;
       this.waiting.delete(shard);
       for (const h of w.pushes) this.onPushes([h.push], h.broadcast);
     }
@@ -326,11 +317,9 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
   }
 
   private tailTimer: NodeJS.Timeout | undefined;
-  private readonly expiryTimer: NodeJS.Timeout;
 
   close(): void {
     clearInterval(this.tailTimer);
-    clearInterval(this.expiryTimer);
     clearInterval(this.holdTimer);
     this.waiting.clear();
     this.pushes.stop();

@@ -1,10 +1,12 @@
 /**
  * In-memory ports for Session tests: a mailbox of shard logs numbered by a registry the test
- * controls, a hub that fans pushes out and tells sessions of registry changes, and a transport
- * that records every frame. No NATS, no Redis: the integration tests cover those.
+ * controls, the gateway's real hub (SessionRegistry) fed by an in-memory push source, a transport
+ * that records every frame, and timers a test can drive by hand. No NATS, no Redis: the
+ * integration tests cover those.
  */
 import { pino } from "pino";
 import {
+  type Disconnect,
   ShardMap,
   applyRecord,
   cursorSigner,
@@ -22,9 +24,10 @@ import {
 import type { ShardBounds } from "../../gateway/auth-decision.js";
 import { ShardNotReadyError } from "../../gateway/gather.js";
 import { GatewayMetrics } from "../../gateway/metrics.js";
-import type { HubMember, MailboxSource, PushSource, ReadOptions, RegistryView, RoutePort, SessionHub, SessionPorts, Source, Transport, Watermarks } from "../../gateway/ports.js";
+import type { MailboxSource, PushSource, ReadOptions, RegistryFeed, RegistryView, RoutePort, SessionPorts, Source, TimerPort, Transport, Watermarks } from "../../gateway/ports.js";
 import { Revocations } from "../../gateway/revocations.js";
 import { Session } from "../../gateway/session.js";
+import { SessionRegistry } from "../../gateway/sessions.js";
 
 interface Stored {
   offset: number;
@@ -34,7 +37,7 @@ interface Stored {
 }
 
 /** The registry as a session sees it; `apply` writes a record and tells the hub. */
-export class FakeRegistry implements RegistryView {
+export class FakeRegistry implements RegistryView, RegistryFeed {
   state: RegistryState;
   shards: ShardMap;
   syncs = 0;
@@ -170,39 +173,6 @@ export class FakeMailbox implements MailboxSource {
   }
 }
 
-/** Fan-out and registry changes for the sessions of one test. */
-export class FakeHub implements SessionHub {
-  readonly members = new Set<HubMember>();
-
-  constructor(private readonly registry: FakeRegistry) {
-    registry.onChange(() => {
-      for (const m of this.members) m.onShardChange();
-    });
-  }
-
-  open(): void {}
-  countForUser(user: string): number {
-    return [...this.members].filter((m) => m.user === user).length;
-  }
-  add(s: HubMember): void {
-    this.members.add(s);
-  }
-  watch(): void {}
-  remove(s: HubMember): void {
-    this.members.delete(s);
-  }
-  takeUserToken(): boolean {
-    return true;
-  }
-
-  /** A push routed here: stale epochs dropped, as the real hub does. */
-  push(user: string, p: Push): void {
-    const s = this.registry.state.shards.get(p.shard);
-    if (s !== undefined && p.epoch < s.epoch) return;
-    for (const m of this.members) if (m.user === user) m.onPushes([p]);
-  }
-}
-
 /** Routes in memory: what sessions acquired and released, and what the hub asked. */
 export class FakeRoutes implements RoutePort {
   readonly held = new Map<string, number>();
@@ -240,6 +210,49 @@ export class MemoryPushSource implements PushSource {
   }
 }
 
+/** Timers a test moves by hand: `advance` runs what falls due, in order, at its own time. */
+export class ManualTimers implements TimerPort {
+  private pending: { at: number; seq: number; run: () => void }[] = [];
+  private seq = 0;
+  /** Every delay asked for, in order. */
+  readonly delays: number[] = [];
+
+  constructor(private nowMs = Date.now()) {}
+
+  now(): number {
+    return this.nowMs;
+  }
+  setTimeout<A>(fn: (arg: A) => void, ms: number, arg: A): unknown {
+    this.delays.push(ms);
+    const t = { at: this.nowMs + ms, seq: ++this.seq, run: () => fn(arg) };
+    this.pending.push(t);
+    return t;
+  }
+  clearTimeout(handle: unknown): void {
+    this.pending = this.pending.filter((t) => t !== handle);
+  }
+  /** Timers armed and not yet run. */
+  get armed(): number {
+    return this.pending.length;
+  }
+  /** Moves the clock `ms` on, running each timer that falls due at its time (ties in the order set). */
+  advance(ms: number): void {
+    const end = this.nowMs + ms;
+    for (;;) {
+      const next = this.pending.filter((t) => t.at <= end).sort((a, b) => a.at - b.at || a.seq - b.seq)[0];
+      if (next === undefined) break;
+      this.pending = this.pending.filter((t) => t !== next);
+      this.nowMs = Math.max(this.nowMs, next.at);
+      next.run();
+    }
+    this.nowMs = end;
+  }
+  /** Moves the clock to `at` (ms since the epoch). */
+  advanceTo(at: number): void {
+    this.advance(Math.max(0, at - this.nowMs));
+  }
+}
+
 /** A socket that records what the session sends; `buffered` can be set to act as a slow device. */
 export class RecordingTransport implements Transport {
   readonly frames: ServerFrame[] = [];
@@ -255,8 +268,8 @@ export class RecordingTransport implements Transport {
   buffered(): number {
     return this.bufferedBytes;
   }
-  close(code: number, reason: string): void {
-    this.closed = { code, reason };
+  close(d: Disconnect): void {
+    this.closed = { code: d.close, reason: d.reason };
     for (const w of this.waiters.splice(0)) w();
   }
 
@@ -287,7 +300,10 @@ export const CURSOR_KEY = new Uint8Array(32).fill(7);
 export interface SessionRig {
   registry: FakeRegistry;
   mailbox: FakeMailbox;
-  hub: FakeHub;
+  /** The gateway's hub, as main.ts builds it, over in-memory ports. */
+  hub: SessionRegistry<Session>;
+  /** Delivers pushes to the hub as one batch from the push source (stale ones are dropped by the hub's rule). */
+  push(...pushes: Push[]): void;
   routes: FakeRoutes;
   ports: SessionPorts;
   acks: { user: string; device: string; seq: MailboxSeq }[];
@@ -301,12 +317,12 @@ export interface SessionRig {
   connect(id?: string): { session: Session; t: RecordingTransport };
 }
 
-/** Ports over in-memory fakes; tokens are "<user>" (any other shape, e.g. "bad", is refused). */
-export function sessionRig(shards: ShardState[], env: Record<string, string> = {}): SessionRig {
+/** Ports over in-memory fakes; tokens are "<user>" (any other shape, e.g. "bad", is refused). `timers`: the system's unless given. */
+export function sessionRig(shards: ShardState[], env: Record<string, string> = {}, timers?: TimerPort): SessionRig {
   const registry = new FakeRegistry(shards);
   const mailbox = new FakeMailbox(registry);
-  const hub = new FakeHub(registry);
   const routes = new FakeRoutes();
+  const source = new MemoryPushSource();
   const acks: SessionRig["acks"] = [];
   const sent: SessionRig["sent"] = [];
   const config: Config = loadConfig({ JETGATE_ENV: "development", JETGATE_AUTH_TIMEOUT_MS: "2000", ...env });
@@ -315,10 +331,12 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
   const revocations = new Revocations();
   revocations.load([], Date.now());
   const tokenPlan: SessionRig["tokenPlan"] = new Map();
+  const metrics = new GatewayMetrics();
+  const hub = new SessionRegistry<Session>(source, routes, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, { warn: () => undefined });
   const ports: SessionPorts = {
     config,
     log: pino({ level: "silent" }),
-    metrics: new GatewayMetrics(),
+    metrics,
     tokens: {
       verify: async (token) => {
         const planned = tokenPlan.get(token);
@@ -345,14 +363,16 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
         return { duplicate: dup };
       },
     },
+    ...(timers !== undefined ? { timers } : {}),
   };
   let n = 0;
   return {
     registry, mailbox, hub, routes, ports, acks, sent, revocations, issued, tokenPlan,
+    push: (...pushes) => source.deliver(pushes),
     connect(id = `s${++n}`) {
       const t = new RecordingTransport();
       const session = new Session(id, t, ports);
-      hub.open();
+      hub.open(session);
       return { session, t };
     },
   };

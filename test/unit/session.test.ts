@@ -6,6 +6,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
   CloseCode,
+  Disconnect,
   ErrorCode,
   bumpEpoch,
   composeSeq,
@@ -26,13 +27,13 @@ import { JetStreamError } from "@nats-io/jetstream";
 import { UnavailableError } from "../../gateway/gather.js";
 import { streamCallError } from "../../gateway/mailbox-reader.js";
 import type { Session } from "../../gateway/session.js";
-import { CURSOR_KEY, sessionRig, type RecordingTransport, type SessionRig } from "../harness/session-fakes.js";
+import { CURSOR_KEY, ManualTimers, sessionRig, type RecordingTransport, type SessionRig } from "../harness/session-fakes.js";
 
 const U = "alice"; // userHash("alice") = 0x2bd806c9: shard 0 of 2
 const signer = cursorSigner([CURSOR_KEY]);
 
-function rig(env: Record<string, string> = {}): SessionRig {
-  return sessionRig(initialShards(2, ["logA", "logZ"]), env);
+function rig(env: Record<string, string> = {}, timers?: ManualTimers): SessionRig {
+  return sessionRig(initialShards(2, ["logA", "logZ"]), env, timers);
 }
 
 function frame(s: Session, f: ClientFrame): void {
@@ -49,6 +50,10 @@ async function auth(r: SessionRig, c?: DeviceCursor, extra: Partial<Extract<Clie
   frame(session, { t: "AUTH", v: 1, token: U, device: "d1", ...(c ? { cursor: c } : {}), ...extra });
   await t.until((f) => f.some((x) => x.t === "SYNCED") || t.closed !== undefined, "SYNCED");
   return { s: session, t };
+}
+
+function outcomes(m: { values: { labels: Record<string, unknown>; value: number }[] }, c: string): number {
+  return m.values.find((v) => v.labels.case === c)?.value ?? 0;
 }
 
 async function regressions(r: SessionRig): Promise<number> {
@@ -81,7 +86,7 @@ test("session - fresh device: AUTH_OK from 0, every entry, SYNCED, then live pus
   assert.deepEqual(t.liveSeqs(), [1n, 2n, 3n, 4n, 5n].map((o) => composeSeq(0, o)));
   assert.equal(t.of("SYNCED")[0]!.seq, composeSeq(0, 5));
   const p = r.mailbox.appendPush(0, U);
-  r.hub.push(U, p);
+  r.push(p);
   await t.until(() => t.liveSeqs().length === 6, "the live push");
   assert.equal(t.liveSeqs()[5], p.entry.seq);
   assert.equal(t.of("ERROR").length, 0);
@@ -189,7 +194,7 @@ test("session - a cursor from the future: entries appended next are delivered, n
   const { s, t } = await auth(r, cursor(0, 0, "logA", composeSeq(0, 50)));
   assert.ok(errorOf(t, ErrorCode.CURSOR_INVALID));
   const p = r.mailbox.appendPush(0, U);
-  r.hub.push(U, p);
+  r.push(p);
   await t.until(() => t.liveSeqs().includes(p.entry.seq), "the next entry");
   assert.equal(s.state.type, "live");
 });
@@ -203,9 +208,9 @@ test("session - catch-up merged with live pushes: held while syncing, sent once 
   await t.until((f) => f.some((x) => x.t === "AUTH_OK"), "AUTH_OK");
   const p1 = r.mailbox.appendPush(0, U);
   const p2 = r.mailbox.appendPush(0, U);
-  r.hub.push(U, p1);
-  r.hub.push(U, p2);
-  r.hub.push(U, p1); // a repeat
+  r.push(p1);
+  r.push(p2);
+  r.push(p1); // a repeat
   await t.until(() => t.liveSeqs().includes(p2.entry.seq), "both pushes");
   const seqs = t.liveSeqs();
   assert.deepEqual(seqs, [...seqs].sort((a, b) => (a < b ? -1 : 1)));
@@ -224,7 +229,7 @@ test("session - a push of a newer epoch during catch-up waits behind the rebase:
   r.registry.apply([bumpEpoch(shard(r, 0), { cause: "rebuild", log: "logB", start_offset: 10, prev_end_offset: 9 })], "rebuild");
   const p = r.mailbox.appendPush(0, U);
   assert.equal(p.epoch, 1);
-  r.hub.push(U, p);
+  r.push(p);
   await t.until(() => t.liveSeqs().includes(p.entry.seq), "the new epoch's push");
   const rebase = t.frames.findIndex((f) => f.t === "ERROR" && f.code === ErrorCode.CURSOR_REBASED);
   const pushed = t.frames.findIndex((f) => f.t === "MSGS" && f.e.some((e) => e.seq === p.entry.seq));
@@ -238,7 +243,7 @@ test("session - a push after a lost one: the gap is filled from the mailbox firs
   const { t } = await auth(r);
   const lost = r.mailbox.appendPush(0, U);
   const next = r.mailbox.appendPush(0, U);
-  r.hub.push(U, next);
+  r.push(next);
   await t.until(() => t.liveSeqs().includes(next.entry.seq), "the push after the gap");
   assert.deepEqual(t.liveSeqs().slice(-2), [lost.entry.seq, next.entry.seq]);
   assert.equal(await r.ports.metrics.gapFills.get().then((m) => m.values[0]!.value), 1);
@@ -296,7 +301,7 @@ test("session - a gap fill whose stream does not answer (the port's UnavailableE
   r.mailbox.appendPush(0, U); // lost
   const next = r.mailbox.appendPush(0, U);
   r.mailbox.fillErrors.push(new UnavailableError("shard 0's stream did not answer (timeout); reconnect", 2000));
-  r.hub.push(U, next);
+  r.push(next);
   await t.until(() => t.closed !== undefined, "the close");
   assert.equal(t.closed!.code, CloseCode.UNAVAILABLE);
   const err = t.of("ERROR").at(-1)!;
@@ -310,7 +315,7 @@ test("session - more pushes than it holds while syncing: the mailbox is read aga
   const { session, t } = r.connect();
   frame(session, { t: "AUTH", v: 1, token: U, device: "d1" });
   const pushes = Array.from({ length: 10_050 }, () => r.mailbox.appendPush(0, U));
-  for (const p of pushes) r.hub.push(U, p);
+  for (const p of pushes) r.push(p);
   await t.until((f) => f.some((x) => x.t === "SYNCED"), "SYNCED", 10_000);
   assert.equal(t.liveSeqs().length, 10_050);
   assert.equal(new Set(t.liveSeqs()).size, 10_050);
@@ -347,7 +352,7 @@ test("session - ACK: stored up to what was sent; beyond it refused with BAD_REQU
   frame(s, { t: "ACK", seq: composeSeq(0, 9) });
   await t.until(() => t.of("ERROR").some((e) => e.code === ErrorCode.BAD_REQUEST), "ACK refused");
   frame(s, { t: "ACK", seq: composeSeq(0, 2) });
-  s.close(CloseCode.GOING_AWAY);
+  s.close(Disconnect.GOING_AWAY);
   assert.deepEqual(r.acks, [{ user: U, device: "d1", seq: composeSeq(0, 2) }]);
 });
 
@@ -388,14 +393,14 @@ test("session - mid-session rebases across two splits: each hop in order, no ent
   for (let i = 0; i < 2; i++) {
     const p = r.mailbox.appendPush(2, U);
     want.push(p.entry.seq);
-    r.hub.push(U, p);
+    r.push(p);
   }
   await t.until(() => t.liveSeqs().length === 3, "child entries");
   splitForAlice(r, 2, 3);
   await t.until(() => t.of("ERROR").filter((e) => e.code === ErrorCode.CURSOR_REBASED).length === 2, "second rebase");
   const p = r.mailbox.appendPush(3, U);
   want.push(p.entry.seq);
-  r.hub.push(U, p);
+  r.push(p);
   await t.until(() => t.liveSeqs().length === 4, "grandchild entry");
   assert.deepEqual(t.liveSeqs(), want);
   const rebases = t.of("ERROR").filter((e) => e.code === ErrorCode.CURSOR_REBASED);
@@ -457,7 +462,7 @@ test("session - its user's route is acquired before the mailbox is read and rele
   r.mailbox.append(0, U);
   const { s } = await auth(r);
   assert.equal(r.routes.held.get(U), 1);
-  s.close(CloseCode.GOING_AWAY);
+  s.close(Disconnect.GOING_AWAY);
   assert.equal(r.routes.held.has(U), false);
   // a session refused before AUTH completes holds no route
   const bad = r.connect();
@@ -481,21 +486,64 @@ test("session - a route registered again (Redis had lost it): what the session m
   assert.equal(t.liveSeqs().length, before);
 });
 
-test("session - token expiry: open until its token's time, then closed 4401 by the hub's sweep; a REFRESH moves it", async () => {
-  const r = rig();
-  const { s, t } = await auth(r);
+test("session - token expiry: open until its token's time, then closed 4401 by its clock; a REFRESH moves it", async () => {
+  const timers = new ManualTimers();
+  const r = rig({}, timers);
   // the fake verifier's tokens expire an hour from AUTH
   const expiry = Date.now() + 3_600_000;
-  s.expireIfDue(Date.now());
+  const { s, t } = await auth(r);
+  timers.advance(1);
   assert.equal(t.closed, undefined);
   frame(s, { t: "REFRESH", id: 1, token: U });
   await t.until((f) => f.some((x) => x.t === "REFRESH_OK"), "REFRESH_OK");
   const moved = t.of("REFRESH_OK")[0]!.exp;
   assert.ok(moved >= expiry);
-  s.expireIfDue(moved - 1);
+  timers.advanceTo(moved - 1);
   assert.equal(t.closed, undefined, "not before the refreshed expiry");
-  s.expireIfDue(moved);
+  timers.advance(1);
   assert.deepEqual(t.closed, { code: 4401, reason: "token expired" });
+  assert.equal(timers.armed, 0, "no timer left once closed");
+});
+
+test("session - AUTH timeout: no AUTH within JETGATE_AUTH_TIMEOUT_MS closes 4401 \"auth timeout\"; an AUTH in time is not closed by it", async () => {
+  const timers = new ManualTimers();
+  const r = rig({ JETGATE_AUTH_TIMEOUT_MS: "2000" }, timers);
+  const silent = r.connect();
+  timers.advance(1999);
+  assert.equal(silent.t.closed, undefined);
+  timers.advance(1);
+  assert.deepEqual(silent.t.closed, { code: 4401, reason: "auth timeout" });
+  assert.equal(outcomes(await r.ports.metrics.authOutcomes.get(), "timeout"), 1);
+  // still authenticating at the deadline (a slow token check): closed as well
+  r.tokenPlan.set("slow.token", { user: U, delayMs: 60, expiresAt: Date.now() + 3_600_000 });
+  const slow = r.connect();
+  frame(slow.session, { t: "AUTH", v: 1, token: "slow.token", device: "d1" });
+  timers.advance(2000);
+  assert.deepEqual(slow.t.closed, { code: 4401, reason: "auth timeout" });
+  // in time: the deadline is gone with the AUTH
+  const { t } = await auth(r);
+  timers.advance(5000);
+  assert.equal(t.closed, undefined);
+});
+
+test("session - ACKs are written once a flush period after the first of them, the highest only, and on close", async () => {
+  const timers = new ManualTimers();
+  const r = rig({}, timers);
+  for (let i = 0; i < 3; i++) r.mailbox.append(0, U);
+  const { s, t } = await auth(r);
+  frame(s, { t: "ACK", seq: composeSeq(0, 1) });
+  timers.advance(500);
+  frame(s, { t: "ACK", seq: composeSeq(0, 2) });
+  timers.advance(499);
+  assert.deepEqual(r.acks, [], "not before a second after the first ACK");
+  timers.advance(1);
+  assert.deepEqual(r.acks, [{ user: U, device: "d1", seq: composeSeq(0, 2) }]);
+  timers.advance(5000);
+  assert.equal(r.acks.length, 1, "nothing new: nothing written");
+  frame(s, { t: "ACK", seq: composeSeq(0, 3) });
+  s.close(Disconnect.GOING_AWAY);
+  assert.deepEqual(r.acks.at(-1), { user: U, device: "d1", seq: composeSeq(0, 3) }, "written on close");
+  assert.equal(t.of("ERROR").length, 0);
 });
 
 test("session - revoked tokens: refused at AUTH (4401), at REFRESH, and any AUTH while the revocations were never loaded (4503)", async () => {
@@ -528,7 +576,8 @@ test("session - revoked tokens: refused at AUTH (4401), at REFRESH, and any AUTH
 });
 
 test("session - two REFRESH frames take effect in the order they were sent, however long each verification takes", async () => {
-  const r = rig();
+  const timers = new ManualTimers();
+  const r = rig({}, timers);
   const { s, t } = await auth(r);
   const now = Date.now();
   // the first takes longer to verify than the second
@@ -538,9 +587,9 @@ test("session - two REFRESH frames take effect in the order they were sent, howe
   frame(s, { t: "REFRESH", id: 2, token: "second.token" });
   await t.until((f) => f.filter((x) => x.t === "REFRESH_OK").length === 2, "both REFRESH_OK");
   assert.deepEqual(t.of("REFRESH_OK").map((x) => x.id), [1, 2], "answered in order");
-  s.expireIfDue(now + 2 * 3_600_000 + 1);
+  timers.advanceTo(now + 2 * 3_600_000 + 1);
   assert.equal(t.closed, undefined, "the expiry is the second token's, sent last");
-  s.expireIfDue(now + 3 * 3_600_000);
+  timers.advanceTo(now + 3 * 3_600_000);
   assert.deepEqual(t.closed, { code: 4401, reason: "token expired" });
 });
 
