@@ -9,6 +9,7 @@
  * hash. Pure but for `publish` and `dropRoutes`: tested without a server.
  */
 import { BROADCAST_PUSH_SUBJECT, encodePush, encodePushBatch, routedPushSubject, type Push } from "../protocol/index.js";
+import type { PushSink } from "./shard-ports.js";
 
 /** A batch message stays under this many bytes (nats-server's max_payload is 1 MiB by default). */
 const MAX_MESSAGE_BYTES = 512 * 1024;
@@ -31,7 +32,7 @@ interface Outbox {
   bytes: number;
 }
 
-export class PushRouter {
+export class PushRouter implements PushSink {
   private readonly outboxes = new Map<string, Outbox>();
   /** (user, gateway) pairs dropped since the liveness view last changed: each is dropped once. */
   private readonly dropped = new Set<string>();
