@@ -1,0 +1,340 @@
+/**
+ * The Dispatcher's appends in flight, from an entry scheduled to its result, over a DispatchLink.
+ *
+ * Each user has a chain: one unit in flight at a time (an entry, or an atomic batch of the entries
+ * queued behind, protocol/dispatch-units.ts), the next only after it is acknowledged or has failed
+ * for good, so a user's entries land in the order they were scheduled, retries included. A batch
+ * refused or unanswered is not sent again as a batch: its entries go back to the head of the
+ * user's queue and go one at a time, with the same Nats-Msg-Ids, before anything behind them.
+ * Different users are pipelined, up to `maxInFlight` entries and `maxInFlightBytes` entry bytes.
+ */
+import { batchAck, entryAck, retryDelayMs, type AckAnswer } from "../dispatch-ack.js";
+import { DISPATCH_SLICE, type DispatchRegistryView, type DispatchResult } from "../dispatch-request.js";
+import { nextUnit, type BatchLimits } from "../dispatch-units.js";
+import type { MailboxSeq } from "../seq.js";
+import type { DispatchLink } from "./dispatch-link.js";
+
+/** Counters of a Dispatcher's life, for metrics. */
+export interface DispatchStats {
+  /** Entries appended (acknowledged, duplicates included). */
+  appended: number;
+  /** Publish attempts after the first, over all entries. */
+  retries: number;
+  /** Entries whose result was an error. */
+  failed: number;
+  /** Atomic batches committed, and the entries in them. */
+  batches: number;
+  batchedEntries: number;
+  /** Batches refused or unanswered, whose entries went one at a time instead. */
+  batchFallbacks: number;
+}
+
+/** One `dispatch()` call: its results, filled in as its jobs finish. */
+export interface Call {
+  results: DispatchResult[];
+  remaining: number;
+  resolve: (r: DispatchResult[]) => void;
+}
+
+/** One entry for one recipient, from first publish to its result. */
+export interface Job {
+  user: string;
+  shard: number;
+  subject: string;
+  data: Uint8Array;
+  /** Its Nats-Msg-Id; the headers are built at each publish, so a queued job holds a string, not a header map. */
+  msgId: string;
+  attempt: number;
+  deadline: number;
+  lastError: string;
+  call: Call;
+  index: number;
+  /** Sent alone from now on: it was in a batch that failed. */
+  solo: boolean;
+}
+
+/** A user's entries sent as one atomic batch: consecutive in the user's order, one shard stream. */
+interface Batch {
+  user: string;
+  shard: number;
+  jobs: Job[];
+  bytes: number;
+  deadline: number;
+}
+
+/** What holds one in-flight place of a user: an entry, or a batch of them. */
+type Unit = Job | Batch;
+const isBatch = (u: Unit): u is Batch => "jobs" in u;
+const unitBytes = (u: Unit) => (isBatch(u) ? u.bytes : u.data.byteLength);
+const unitSize = (u: Unit) => (isBatch(u) ? u.jobs.length : 1);
+
+export interface FlightOptions extends BatchLimits {
+  /** How long to wait for one publish's ack before retrying it. */
+  ackTimeoutMs: number;
+  /** Publish attempts per entry before its result is an error. */
+  attempts: number;
+}
+
+export class DispatchFlight {
+  readonly stats: DispatchStats = { appended: 0, retries: 0, failed: 0, batches: 0, batchedEntries: 0, batchFallbacks: 0 };
+  private nextBatch = 0;
+  /** Units awaiting an ack, by reply token; insertion order is deadline order. */
+  private readonly pending = new Map<string, Unit>();
+  /** Users with a unit in flight, and the jobs waiting behind it (the per-user order); null: none waiting. */
+  private readonly users = new Map<string, Job[] | null>();
+  /** Units of users waiting for an in-flight place. */
+  private readonly waiting: Unit[] = [];
+  /** Units holding a place, to be published at the end of this event-loop turn (publishOutbox). */
+  private readonly outbox: Unit[] = [];
+  /** Atomic batches in flight per shard. */
+  private readonly openBatches = new Map<number, number>();
+  /** Shards whose stream refused atomic publish (made by an older jetgate before `registry init`): entries go one by one. */
+  private readonly atomicOff = new Set<number>();
+  private inFlight = 0;
+  private inFlightBytesNow = 0;
+  private outboxScheduled = false;
+  private nextToken = 0;
+  private readonly sweeper: ReturnType<typeof setInterval>;
+
+  constructor(
+    private readonly link: DispatchLink,
+    private readonly shards: () => DispatchRegistryView,
+    private readonly opts: FlightOptions,
+  ) {
+    link.listen((token, answer) => this.onAnswer(token, answer));
+    // One timer for every ack deadline instead of one per publish.
+    this.sweeper = setInterval(() => this.sweep(), Math.max(10, Math.min(100, Math.floor(opts.ackTimeoutMs / 4))));
+    this.sweeper.unref?.();
+  }
+
+  /** Entry bytes of the publishes awaiting an ack now (bounded by `maxInFlightBytes`). */
+  get inFlightBytes(): number {
+    return this.inFlightBytesNow;
+  }
+
+  /** Takes the job in its user's order: now, if the user has nothing in flight, else behind the user's others. */
+  schedule(job: Job): void {
+    const queue = this.users.get(job.user);
+    if (queue !== undefined) {
+      // behind this user's job in flight: order per user
+      if (queue === null) this.users.set(job.user, [job]);
+      else queue.push(job);
+      return;
+    }
+    this.users.set(job.user, null);
+    this.admit(job);
+  }
+
+  /** The unit (its user's next) takes a place when there is one, else waits for one, in arrival order. */
+  private admit(unit: Unit): void {
+    if (this.waiting.length === 0 && this.fits(unit)) this.send(unit);
+    else this.waiting.push(unit);
+  }
+
+  /** A place and room in the byte window (always, when nothing is in flight: a body larger than the window goes alone). */
+  private fits(unit: Unit): boolean {
+    return this.inFlight === 0 || (this.inFlight + unitSize(unit) <= this.opts.maxInFlight && this.inFlightBytesNow + unitBytes(unit) <= this.opts.maxInFlightBytes);
+  }
+
+  /** The next unit of a user's queue (non-empty): its first job alone, or a batch (nextUnit). */
+  private takeUnit(queue: Job[]): Unit {
+    const shard = queue[0]!.shard;
+    const open = this.openBatches.get(shard) ?? 0;
+    const { n, bytes } = nextUnit(queue, this.opts, { atomicOff: this.atomicOff.has(shard), open });
+    if (n === 1) return queue.shift()!;
+    this.openBatches.set(shard, open + 1);
+    return { user: queue[0]!.user, shard, jobs: queue.splice(0, n), bytes, deadline: 0 };
+  }
+
+  /** Takes the unit's in-flight place; it is published with the rest of this event-loop turn's. */
+  private send(unit: Unit): void {
+    if (isBatch(unit)) {
+      this.inFlight += unit.jobs.length;
+      this.inFlightBytesNow += unit.bytes;
+    } else {
+      if (unit.attempt === 0) {
+        this.inFlight++;
+        this.inFlightBytesNow += unit.data.byteLength;
+      } else this.stats.retries++;
+      unit.attempt++;
+    }
+    this.outbox.push(unit);
+    if (!this.outboxScheduled) {
+      this.outboxScheduled = true;
+      setImmediate(this.publishOutbox);
+    }
+  }
+
+  /**
+   * Publishes the units sent since the last call, in order, up to DISPATCH_SLICE entries in one
+   * synchronous run, so nats.js writes them to the socket together: a caller that awaits each
+   * dispatch would otherwise cost one socket write (and one read in nats-server) per entry. More
+   * wait for the next turn: ten thousand publishes in one run held the event loop for tens of
+   * milliseconds.
+   */
+  private readonly publishOutbox = (): void => {
+    let take = 0;
+    for (let n = 0; take < this.outbox.length && n < DISPATCH_SLICE; take++) n += unitSize(this.outbox[take]!);
+    const units = this.outbox.splice(0, take);
+    if (this.outbox.length > 0) setImmediate(this.publishOutbox);
+    else this.outboxScheduled = false;
+    const deadline = Date.now() + this.opts.ackTimeoutMs;
+    for (const unit of units) {
+      unit.deadline = deadline;
+      const token = (this.nextToken++).toString(36);
+      this.pending.set(token, unit);
+      try {
+        if (isBatch(unit)) this.publishBatch(unit, token);
+        else this.link.publish(unit.subject, unit.data, unit.msgId, token);
+      } catch (err) {
+        this.pending.delete(token);
+        this.failedUnit(unit, err instanceof Error ? err.message : String(err));
+      }
+    }
+  };
+
+  /** One atomic batch: every entry but the last staged without an answer, the last commits and is answered for all. */
+  private publishBatch(batch: Batch, token: string): void {
+    const id = `${this.link.name}.${(this.nextBatch++).toString(36)}`;
+    const last = batch.jobs.length - 1;
+    for (let i = 0; i <= last; i++) {
+      const job = batch.jobs[i]!;
+      this.link.publishInBatch(job.subject, job.data, job.msgId, i === last ? { id, index: i + 1, commit: token } : { id, index: i + 1 });
+    }
+  }
+
+  private sweep(): void {
+    const now = Date.now();
+    for (const [token, unit] of this.pending) {
+      if (unit.deadline > now) break;
+      this.pending.delete(token);
+      this.failedUnit(unit, `ack timeout after ${this.opts.ackTimeoutMs} ms`);
+    }
+  }
+
+  /** No answer, or the publish was refused by the client: worth another attempt. */
+  private failedUnit(unit: Unit, why: string): void {
+    if (isBatch(unit)) this.failedBatch(unit, why, false);
+    else this.failedAttempt(unit, why, true);
+  }
+
+  /**
+   * A batch refused, or not answered in time (it may yet be appended, whole): its entries go back to
+   * the head of their user's queue, to be sent one at a time with the same Nats-Msg-Ids, so each
+   * either lands after the one before it or answers duplicate (the batch landed). Their order and
+   * their place before the user's later entries are kept. A stream without atomic publish gets no
+   * more batches from this Dispatcher.
+   */
+  private failedBatch(batch: Batch, why: string, atomicOff: boolean): void {
+    this.stats.batchFallbacks++;
+    if (atomicOff) this.atomicOff.add(batch.shard);
+    this.closeBatch(batch);
+    this.inFlight -= batch.jobs.length;
+    this.inFlightBytesNow -= batch.bytes;
+    for (const job of batch.jobs) {
+      job.solo = true;
+      job.lastError = `in an atomic batch: ${why}`;
+    }
+    const queue = this.users.get(batch.user);
+    this.users.set(batch.user, queue ? [...batch.jobs, ...queue] : batch.jobs.slice());
+    this.advance(batch.user);
+  }
+
+  private closeBatch(batch: Batch): void {
+    const open = (this.openBatches.get(batch.shard) ?? 1) - 1;
+    if (open > 0) this.openBatches.set(batch.shard, open);
+    else this.openBatches.delete(batch.shard);
+  }
+
+  private failedAttempt(job: Job, why: string, retryable: boolean): void {
+    if (!retryable) {
+      this.finish(job, { user: job.user, shard: job.shard, error: { code: "DISPATCH_REJECTED", message: why } });
+      return;
+    }
+    job.lastError = why;
+    if (job.attempt >= this.opts.attempts) {
+      // said as it is: the entry may have landed (only its ack was not seen)
+      const message = `not confirmed after ${this.opts.attempts} attempts (${why}): it may or may not have been appended; send the same dispatch again, an appended one answers duplicate`;
+      this.finish(job, { user: job.user, shard: job.shard, error: { code: "DISPATCH_TIMEOUT", message } });
+      return;
+    }
+    // Same Nats-Msg-Id: JetStream drops the copy if the first attempt did land.
+    setTimeout(() => this.send(job), retryDelayMs(job.attempt));
+  }
+
+  private finish(job: Job, result: DispatchResult): void {
+    this.complete(job, result);
+    this.advance(job.user);
+  }
+
+  /** The job's result, and its in-flight place given back. */
+  private complete(job: Job, result: DispatchResult): void {
+    if ("error" in result) this.stats.failed++;
+    else this.stats.appended++;
+    const call = job.call;
+    call.results[job.index] = result;
+    if (--call.remaining === 0) call.resolve(call.results);
+    this.inFlight--;
+    this.inFlightBytesNow -= job.data.byteLength;
+  }
+
+  /** The user's unit in flight is done: its next unit joins the waiting line (keeping the user's place), and waiting units take free places. */
+  private advance(user: string): void {
+    const queue = this.users.get(user);
+    if (queue === undefined || queue === null || queue.length === 0) this.users.delete(user);
+    else {
+      this.waiting.push(this.takeUnit(queue));
+      if (queue.length === 0) this.users.set(user, null);
+    }
+    while (this.waiting.length > 0 && this.fits(this.waiting[0]!)) this.send(this.waiting.shift()!);
+  }
+
+  private onAnswer(token: string, answer: AckAnswer): void {
+    const unit = this.pending.get(token);
+    if (!unit) return; // a late ack of an attempt that already timed out
+    this.pending.delete(token);
+    if (isBatch(unit)) {
+      this.onBatchAnswer(unit, answer);
+      return;
+    }
+    const ack = entryAck(answer);
+    if (ack.type === "failed") this.failedAttempt(unit, ack.message, ack.retryable);
+    else this.finish(unit, this.resultAt(unit, ack.offset, ack.duplicate));
+  }
+
+  private onBatchAnswer(batch: Batch, answer: AckAnswer): void {
+    const n = batch.jobs.length;
+    const ack = batchAck(answer, n);
+    if (ack.type === "refused") {
+      this.failedBatch(batch, ack.why, ack.atomicOff);
+      return;
+    }
+    this.closeBatch(batch);
+    this.stats.batches++;
+    this.stats.batchedEntries += n;
+    for (let i = 0; i < n; i++) this.complete(batch.jobs[i]!, this.resultAt(batch.jobs[i]!, ack.first + i, false));
+    this.advance(batch.user);
+  }
+
+  /** The result of a job appended at `offset`: its mailbox_seq as the registry numbers that offset now. */
+  private resultAt(job: Job, offset: number, duplicate: boolean): DispatchResult {
+    let seq: MailboxSeq | undefined;
+    try {
+      // Every log's first boundary starts at offset 1 and shards are never removed: always defined.
+      seq = this.shards().seqOf(job.shard, offset);
+    } catch {
+      seq = undefined; // an offset past the 48-bit field (ADR-0004 alerts long before)
+    }
+    if (seq === undefined) {
+      const message = `appended at offset ${offset}, but the registry numbers no such offset of shard ${job.shard}`;
+      return { user: job.user, shard: job.shard, error: { code: "DISPATCH_REJECTED", message } };
+    }
+    return { user: job.user, shard: job.shard, seq, offset, duplicate };
+  }
+
+  /** Stops listening for acks; publishes still pending fail by timeout. */
+  close(): void {
+    clearInterval(this.sweeper);
+    this.link.close();
+  }
+}
