@@ -76,8 +76,10 @@ export class Session extends SessionRequests {
       case "PULL":
         return this.enqueue(() => this.pull(frame));
       case "SEND":
+        // not on the chain: a publish must not wait behind a long catch-up
         return void this.sendUpstream(frame);
       case "REFRESH":
+        // on a chain of its own: a token must not expire behind a catch-up
         return this.queueRefresh(frame);
     }
   }

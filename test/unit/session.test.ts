@@ -19,6 +19,7 @@ import {
   type DeviceCursor,
   type ErrorFrame,
   type MailboxSeq,
+  type Push,
   type ShardState,
   cursorSigner,
 } from "../../protocol/index.js";
@@ -235,6 +236,26 @@ test("session - a push of a newer epoch during catch-up waits behind the rebase:
   const pushed = t.frames.findIndex((f) => f.t === "MSGS" && f.e.some((e) => e.seq === p.entry.seq));
   assert.ok(rebase >= 0 && rebase < pushed, `CURSOR_REBASED (frame ${rebase}) before the epoch-1 entry (frame ${pushed})`);
   assert.equal(errorOf(t, ErrorCode.CURSOR_REBASED)!.new_cursor!.log, "logB");
+});
+
+test("session - a fenced worker's push (an epoch below the registry's) is dropped by the hub's rule, never sent; the owner's next push is", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  const { s, t } = await auth(r);
+  r.registry.apply([bumpEpoch(shard(r, 0), { cause: "takeover", start_offset: 2 })]);
+  for (let i = 0; i < 100 && (s.epoch !== 1 || s.tailPosition() === undefined); i++) await new Promise((res) => setTimeout(res, 2));
+  assert.equal(s.epoch, 1, "rebased onto epoch 1");
+  const known = s.tailPosition()!;
+  const zombie: Push = {
+    user: U, shard: 0, epoch: 0, prevAll: known,
+    entry: { seq: known + 1n, id: "zombie", lane: "default", prev: known, ts: Date.now(), b: new Uint8Array([1]) },
+  };
+  r.push(zombie);
+  const next = r.mailbox.appendPush(0, U);
+  r.push(next);
+  await t.until(() => t.liveSeqs().includes(next.entry.seq), "the owner's push");
+  assert.equal(t.liveSeqs().includes(zombie.entry.seq), false, "the fenced worker's entry never went out");
+  assert.equal(await r.ports.metrics.stalePushes.get().then((m) => m.values[0]!.value), 1);
 });
 
 test("session - a push after a lost one: the gap is filled from the mailbox first", async () => {
