@@ -14,6 +14,7 @@ export class BatchQueue<T> {
   /** Resolves the reader waiting for room. */
   private room: (() => void) | undefined;
   private done = false;
+  private closed = false;
   private readonly reader: Promise<void>;
 
   constructor(
@@ -29,7 +30,7 @@ export class BatchQueue<T> {
       for await (const m of source) {
         this.items.push(m);
         this.wake?.();
-        if (this.items.length >= this.limit) await new Promise<void>((r) => (this.room = r));
+        if (this.items.length >= this.limit && !this.closed) await new Promise<void>((r) => (this.room = r));
       }
     } catch (err) {
       onError(err);
@@ -52,8 +53,13 @@ export class BatchQueue<T> {
     return batch;
   }
 
-  /** Lets a paused reader go on and waits for it to end (stop the source first). */
+  /**
+   * Lets a paused reader go on and waits for it to end (stop the source first). A stopped NATS
+   * consumer still yields the rest of the chunk in hand: the reader no longer pauses for those
+   * (nothing takes them), or it would wait for room forever and the stop with it.
+   */
   async close(): Promise<void> {
+    this.closed = true;
     this.room?.();
     await this.reader;
   }

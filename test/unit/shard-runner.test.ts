@@ -100,7 +100,7 @@ class MemRegistry implements RegistryView {
   }
 }
 
-/** Deliveries the test pushes by hand. */
+/** Deliveries the test pushes by hand. Like a NATS consumer, a stopped one still yields what it holds. */
 class Feed implements Deliveries {
   private readonly items: DeliveredMsg[] = [];
   private waiter: ((r: IteratorResult<DeliveredMsg>) => void) | undefined;
@@ -466,6 +466,23 @@ test("shard runner - a fence between the Redis step and the push: nothing of the
       assert.equal(await counter(r.metrics, "jetgate_worker_fenced_total"), 1);
     });
   }
+});
+
+test("shard runner - fenced with deliveries queued beyond the limit: the runner stops all the same", async () => {
+  // JETGATE_WORKER_BATCH 1: the queue holds 2, the consumer holds the rest when the fence comes
+  const r = rig({ batch: 1 });
+  for (let i = 1; i <= 8; i++) r.log.append(`u${i}`, `m${i}`);
+  await r.runner.start();
+  r.store.during = () => r.registry.write(operatorBump(r.registry.shard(), 1));
+  r.log.deliver(1, 2, 3, 4, 5, 6, 7, 8);
+  await until("the runner stopped", () => r.runner.state.type === "stopped");
+  let stopped = false;
+  const stopping = r.runner.stop("test over").then(() => (stopped = true));
+  await until("the stop resolved", () => stopped, 1000);
+  await stopping;
+  assert.deepEqual(r.runner.state, { type: "stopped", reason: "fenced by epoch 1" });
+  assert.deepEqual(r.pushes.sent, []);
+  assert.deepEqual(r.log.acks, []);
 });
 
 test("shard runner - Redis down, then fenced: retried while away, stopped by the fence, nothing acked beyond what was applied", async (t) => {
