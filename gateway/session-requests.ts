@@ -23,7 +23,7 @@ import { SessionClock, systemTimers, type Deadline } from "./session-clock.js";
 import { SessionSync } from "./session-sync.js";
 
 /** ACKs are written at most once per this many ms per session (and on close): they are frequent, Redis is shared. */
-export const ACK_FLUSH_MS = 1000;
+const ACK_FLUSH_MS = 1000;
 
 export abstract class SessionRequests extends SessionSync {
   /** The AUTH deadline, the token's expiry and the next ACK flush, on one timer. */

@@ -18,7 +18,7 @@ import { SessionOutput } from "./session-output.js";
 
 /** An entry's bytes, encoded once however many sessions send it (fan-out shares the Entry object). */
 const encodings = new WeakMap<Entry, Uint8Array>();
-export function encodedOnce(e: Entry): Uint8Array {
+function encodedOnce(e: Entry): Uint8Array {
   let b = encodings.get(e);
   if (b === undefined) encodings.set(e, (b = encodeEntry(e)));
   return b;
