@@ -16,6 +16,12 @@ export interface DeadlineOwner {
 
 /** Node's longest timeout (about 24.8 days): a later deadline is armed in steps (a longer delay fires at once). */
 export const MAX_DELAY_MS = 2 ** 31 - 1;
+/**
+ * A deadline further than this (a token's expiry) is armed on a whole number of seconds, up to a
+ * second early, and armed again for the rest when it fires: Node keeps a timer list per distinct
+ * delay, and every session's expiry is a delay of its own (388 bytes a session instead of 242).
+ */
+export const COARSE_AFTER_MS = 60_000;
 
 export const systemTimers: TimerPort = {
   now: () => Date.now(),
@@ -95,7 +101,8 @@ export class SessionClock {
     this.handle = undefined;
     this.armedFor = next;
     if (next === Infinity) return;
-    const delay = Math.min(Math.max(next - this.timers.now(), 1), MAX_DELAY_MS);
-    this.handle = this.timers.setTimeout(fire, delay, this);
+    let delay = Math.min(next - this.timers.now(), MAX_DELAY_MS);
+    if (delay > COARSE_AFTER_MS) delay -= delay % 1000;
+    this.handle = this.timers.setTimeout(fire, Math.max(delay, 1), this);
   }
 }
