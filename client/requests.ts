@@ -27,7 +27,7 @@ export class PendingPulls {
   }
 }
 
-export interface PendingSend {
+interface PendingSend {
   cmid: string;
   b: Uint8Array<ArrayBuffer>;
   resolve: (r: { dup: boolean }) => void;
