@@ -1,8 +1,10 @@
 /**
  * A session's deadlines on one timer: the AUTH deadline, the token's expiry and the next ACK
  * flush. Each is a time (ms since the epoch, Infinity when unset); one timeout is armed for the
- * earliest, and moved when that changes. One timer a session, not one per kind plus the hub's
- * sweep over every session each second, and an expiry is kept to the millisecond, not the second.
+ * earliest, and moved when that changes. It replaced a timer per kind and the hub's sweep over
+ * every session each second: an expiry is told at its time, not up to a second late, and a
+ * session's deadlines are in one place. The cost is one armed Timeout per idle session (the sweep
+ * had none): about 350 bytes with this object.
  */
 import type { TimerPort } from "./ports.js";
 
@@ -19,7 +21,7 @@ export const MAX_DELAY_MS = 2 ** 31 - 1;
 /**
  * A deadline further than this (a token's expiry) is armed on a whole number of seconds, up to a
  * second early, and armed again for the rest when it fires: Node keeps a timer list per distinct
- * delay, and every session's expiry is a delay of its own (388 bytes a session instead of 242).
+ * delay, and every session's expiry is a delay of its own (a list each: 518 bytes a session instead of 353).
  */
 export const COARSE_AFTER_MS = 60_000;
 
