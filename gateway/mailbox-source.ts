@@ -69,7 +69,7 @@ function toEntry(r: Row): Entry {
 }
 
 /** A counting semaphore: waiters are served in arrival order. */
-export class Semaphore {
+class Semaphore {
   private readonly waiters: (() => void)[] = [];
   constructor(private free: number) {}
   async acquire(): Promise<void> {

@@ -46,7 +46,6 @@ export interface Job {
   msgId: string;
   attempt: number;
   deadline: number;
-  lastError: string;
   call: Call;
   index: number;
   /** Sent alone from now on: it was in a batch that failed. */
@@ -214,7 +213,7 @@ export class DispatchFlight {
 
   /** No answer, or the publish was refused by the client: worth another attempt. */
   private failedUnit(unit: Unit, why: string): void {
-    if (isBatch(unit)) this.failedBatch(unit, why, false);
+    if (isBatch(unit)) this.failedBatch(unit, false);
     else this.failedAttempt(unit, why, true);
   }
 
@@ -225,16 +224,13 @@ export class DispatchFlight {
    * their place before the user's later entries are kept. A stream without atomic publish gets no
    * more batches from this Dispatcher.
    */
-  private failedBatch(batch: Batch, why: string, atomicOff: boolean): void {
+  private failedBatch(batch: Batch, atomicOff: boolean): void {
     this.stats.batchFallbacks++;
     if (atomicOff) this.atomicOff.add(batch.shard);
     this.closeBatch(batch);
     this.inFlight -= batch.jobs.length;
     this.inFlightBytesNow -= batch.bytes;
-    for (const job of batch.jobs) {
-      job.solo = true;
-      job.lastError = `in an atomic batch: ${why}`;
-    }
+    for (const job of batch.jobs) job.solo = true;
     const queue = this.users.get(batch.user);
     this.users.set(batch.user, queue ? [...batch.jobs, ...queue] : batch.jobs.slice());
     this.advance(batch.user);
@@ -251,7 +247,6 @@ export class DispatchFlight {
       this.finish(job, { user: job.user, shard: job.shard, error: { code: "DISPATCH_REJECTED", message: why } });
       return;
     }
-    job.lastError = why;
     if (job.attempt >= this.opts.attempts) {
       // said as it is: the entry may have landed (only its ack was not seen)
       const message = `not confirmed after ${this.opts.attempts} attempts (${why}): it may or may not have been appended; send the same dispatch again, an appended one answers duplicate`;
@@ -306,7 +301,7 @@ export class DispatchFlight {
     const n = batch.jobs.length;
     const ack = batchAck(answer, n);
     if (ack.type === "refused") {
-      this.failedBatch(batch, ack.why, ack.atomicOff);
+      this.failedBatch(batch, ack.atomicOff);
       return;
     }
     this.closeBatch(batch);

@@ -237,7 +237,7 @@ export class LinkDispatcher {
       const shard = r.shards[i]!;
       this.flight.schedule({
         user, shard, subject: entrySubject(shard, user, r.lane), data, msgId: entryMsgId(r.dispatch_id, user),
-        attempt: 0, deadline: 0, lastError: "", call, index: i, solo: false,
+        attempt: 0, deadline: 0, call, index: i, solo: false,
       });
       if ((i + 1) % DISPATCH_SLICE === 0) yield;
     }

@@ -243,21 +243,18 @@ test("dispatcher - a hot user's queue goes as atomic batches: consecutive offset
 
 test("dispatcher - a batch refused (an entry of it already landed) or unanswered: its entries one at a time, in order, before the user's later ones", async () => {
   const { link, d } = rig({ minBatch: 3, maxBatch: 3 });
-  link.stored.push(entryMsgId("f2", "ann")); // landed before, from a batch whose answer was lost
-  let dropped = false;
-  link.policy = ({ msgIds }) => {
-    // the second batch is not answered (it may yet land: here it does not)
-    if (msgIds.length > 1 && msgIds[0] === entryMsgId("g0", "ann") && !dropped) return (dropped = true), "drop";
-    return "append";
-  };
-  const first = ["f0", "f1", "f2", "f3"].map((id) => d.dispatch(req(id, ["ann"])));
-  const second = ["g0", "g1", "g2"].map((id) => d.dispatch(req(id, ["ann"])));
-  const results = (await Promise.all([...first, ...second])).map((r) => ok(r[0]));
-  assert.deepEqual(results.map((r) => r.duplicate), [false, false, true, false, false, false, false], "f2 answers duplicate at its offset");
-  assert.equal(results[2]!.offset, 1);
-  assert.deepEqual(link.ids(), ["f2", "f0", "f1", "f3", "g0", "g1", "g2"].map((id) => entryMsgId(id, "ann")));
-  assert.equal(d.stats.batchFallbacks, 2);
-  assert.ok(link.published.filter((p) => p.batch).length >= 2);
+  const ann = (ids: string[]) => Promise.all(ids.map((id) => d.dispatch(req(id, ["ann"])))).then((rs) => rs.map((r) => ok(r[0])));
+  // refused: f2 landed before (from a batch whose answer was lost); g0 and g1 wait behind the batch
+  link.stored.push(entryMsgId("f2", "ann"));
+  const f = await ann(["f0", "f1", "f2", "f3", "g0", "g1"]);
+  assert.deepEqual(f.map((r) => r.duplicate), [false, false, true, false, false, false], "f2 answers duplicate at its offset");
+  assert.equal(f[2]!.offset, 1);
+  assert.deepEqual(link.published.map((p) => p.msgIds.length), [1, 3, 1, 1, 1, 1, 1], "f0 alone, the batch f1-f3 refused, then each alone");
+  // unanswered (it may yet land; here it does not): h4 waits behind it
+  link.policy = ({ msgIds, attempt }) => (msgIds.length > 1 && attempt === 1 ? "drop" : "append");
+  await ann(["h0", "h1", "h2", "h3", "h4"]);
+  assert.deepEqual(link.ids(), ["f2", "f0", "f1", "f3", "g0", "g1", "h0", "h1", "h2", "h3", "h4"].map((id) => entryMsgId(id, "ann")), "each once, in call order");
+  assert.deepEqual([d.stats.batches, d.stats.batchFallbacks], [0, 2]);
   d.close();
 });
 
