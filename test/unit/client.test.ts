@@ -1,3 +1,9 @@
+/**
+ * The SDK over a real WebSocket (`ws`) against a scripted gateway, on the wall clock: the
+ * integration side of its tests. The same behaviours on an in-memory socket and mock timers are in
+ * client-socket.test.ts; the split stages as a table in client-position.test.ts; the heartbeat,
+ * ACKs, refresh, backoff and close codes on a fake clock in client-timers.test.ts.
+ */
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { mkdtempSync } from "node:fs";
