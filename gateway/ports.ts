@@ -22,7 +22,10 @@ export interface Transport {
 /** The clock and the one timer a session runs on (gateway/session-clock.ts); tests drive a manual one. */
 export interface TimerPort {
   now(): number;
-  /** Calls `fn(arg)` after `ms` (passing `arg` spares a closure per session); never keeps the process up. */
+  /**
+   * Calls `fn(arg)` after `ms` (passing `arg` spares a closure per session); never keeps the process
+   * up. A long delay may be called up to a second early (coarse-timers.ts): callers check the time.
+   */
   setTimeout<A>(fn: (arg: A) => void, ms: number, arg: A): unknown;
   clearTimeout(handle: unknown): void;
 }
@@ -169,6 +172,6 @@ export interface SessionPorts {
   presence: PresencePort;
   acks: AckPort;
   ingress: IngressPort;
-  /** Absent: the system's clock and timers. */
+  /** Absent: the system's clock, Node timers for near deadlines and one wheel for far ones (coarse-timers.ts). */
   timers?: TimerPort;
 }

@@ -3,8 +3,9 @@
  * flush. Each is a time (ms since the epoch, Infinity when unset); one timeout is armed for the
  * earliest, and moved when that changes. It replaced a timer per kind and the hub's sweep over
  * every session each second: an expiry is told at its time, not up to a second late, and a
- * session's deadlines are in one place. The cost is one armed Timeout per idle session (the sweep
- * had none): about 350 bytes with this object.
+ * session's deadlines are in one place. An idle session's one pending deadline is its token's
+ * expiry, far away: the gateway's TimerPort (coarse-timers.ts) keeps such delays on a shared wheel,
+ * not a Node timer each, so the clock costs an idle session little more than the sweep did.
  */
 import type { TimerPort } from "./ports.js";
 
@@ -18,13 +19,6 @@ export interface DeadlineOwner {
 
 /** Node's longest timeout (about 24.8 days): a later deadline is armed in steps (a longer delay fires at once). */
 export const MAX_DELAY_MS = 2 ** 31 - 1;
-/**
- * A deadline further than this (a token's expiry) is armed on a whole number of seconds, up to a
- * second early, and armed again for the rest when it fires: Node keeps a timer list per distinct
- * delay, and every session's expiry is a delay of its own (a list each: 518 bytes a session instead of 353).
- */
-export const COARSE_AFTER_MS = 60_000;
-
 export const systemTimers: TimerPort = {
   now: () => Date.now(),
   setTimeout: (fn, ms, arg) => setTimeout(fn, ms, arg).unref(),
@@ -103,8 +97,7 @@ export class SessionClock {
     this.handle = undefined;
     this.armedFor = next;
     if (next === Infinity) return;
-    let delay = Math.min(next - this.timers.now(), MAX_DELAY_MS);
-    if (delay > COARSE_AFTER_MS) delay -= delay % 1000;
+    const delay = Math.min(next - this.timers.now(), MAX_DELAY_MS);
     this.handle = this.timers.setTimeout(fire, Math.max(delay, 1), this);
   }
 }

@@ -19,11 +19,14 @@ import {
 } from "../protocol/index.js";
 import { pullRanges } from "./positions.js";
 import type { SessionPorts, Transport } from "./ports.js";
+import { CoarseTimers } from "./coarse-timers.js";
 import { SessionClock, systemTimers, type Deadline } from "./session-clock.js";
 import { SessionSync } from "./session-sync.js";
 
 /** ACKs are written at most once per this many ms per session (and on close): they are frequent, Redis is shared. */
 const ACK_FLUSH_MS = 1000;
+/** Every session's timers in this process (ports.timers absent): Node timers, and one wheel for far deadlines. */
+const sessionTimers = new CoarseTimers(systemTimers);
 
 export abstract class SessionRequests extends SessionSync {
   /** The AUTH deadline, the token's expiry and the next ACK flush, on one timer. */
@@ -35,7 +38,7 @@ export abstract class SessionRequests extends SessionSync {
 
   constructor(id: string, t: Transport, p: SessionPorts) {
     super(id, t, p);
-    this.clock = new SessionClock(this, p.timers ?? systemTimers);
+    this.clock = new SessionClock(this, p.timers ?? sessionTimers);
   }
 
   /** A deadline of the session's clock passed. */
