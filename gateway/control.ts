@@ -27,12 +27,6 @@ export function disconnectFor(mode: DisconnectMode, reason: string | undefined):
   return mode === "signed_out" ? withReason(Disconnect.SIGNED_OUT, reason ?? "signed out") : withReason(Disconnect.RECONNECT_NOW, reason ?? "reconnect now");
 }
 
-/** `disconnectFor` as a bare (code, reason) pair; only test/unit/revocations.test.ts still asks for it. */
-export function closeFor(mode: DisconnectMode, reason: string | undefined): { code: number; reason: string } {
-  const d = disconnectFor(mode, reason);
-  return { code: d.close, reason: d.reason };
-}
-
 /** A disconnect's close reason, as the backend gives it (HTTP) and as gateways take it (NATS). */
 export const ReasonSchema = z.string().max(MAX_REASON_LENGTH).regex(/^[\x20-\x7e]*$/, "printable ASCII only").optional();
 const reason = ReasonSchema;

@@ -34,7 +34,7 @@ function member(user: string, at: MailboxSeq): HubMember & { asked: (MailboxSeq 
     id: `s-${user}`, user, device: "d1", shard: 0, authAt: 1, issuedAt: undefined, asked,
     close: () => undefined,
     onPushes: (_p: readonly Push[]) => undefined,
-    catchUpTo: () => undefined, expireIfDue: () => undefined,
+    catchUpTo: () => undefined,
     onShardChange: () => undefined,
     tailPosition: () => at,
     fillTail: (head) => void asked.push(head),
@@ -76,7 +76,7 @@ test("tail check - a session behind the head it read but caught up by the next t
   const asked: (MailboxSeq | undefined)[] = [];
   const m: HubMember = {
     id: "s-busy", user: "busy", device: "d1", shard: 0, authAt: 1, issuedAt: undefined,
-    close: () => undefined, onPushes: () => undefined, onShardChange: () => undefined, catchUpTo: () => undefined, expireIfDue: () => undefined,
+    close: () => undefined, onPushes: () => undefined, onShardChange: () => undefined, catchUpTo: () => undefined,
     tailPosition: () => at,
     fillTail: (head) => void asked.push(head),
   };

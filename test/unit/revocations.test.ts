@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Revocations, parseRevocations, revocationField } from "../../gateway/revocations.js";
-import { closeFor, ControlReplySchema, DisconnectRequestSchema } from "../../gateway/control.js";
+import { disconnectFor, ControlReplySchema, DisconnectRequestSchema } from "../../gateway/control.js";
 import { CloseCode, shouldReconnect } from "../../protocol/index.js";
 
 const NOW = 1_800_000_000_000;
@@ -49,8 +49,8 @@ test("revocations - the Redis hash: fields and values that do not parse are skip
 });
 
 test("control - close codes of the two disconnect kinds, and what the SDK does after each", () => {
-  assert.deepEqual(closeFor("signed_out", undefined), { code: CloseCode.SIGNED_OUT, reason: "signed out" });
-  assert.deepEqual(closeFor("reconnect", "new token"), { code: CloseCode.RECONNECT_NOW, reason: "new token" });
+  assert.deepEqual(disconnectFor("signed_out", undefined), { close: CloseCode.SIGNED_OUT, reason: "signed out" });
+  assert.deepEqual(disconnectFor("reconnect", "new token"), { close: CloseCode.RECONNECT_NOW, reason: "new token" });
   assert.equal(shouldReconnect(CloseCode.SIGNED_OUT), false);
   assert.equal(shouldReconnect(CloseCode.REPLACED), false);
   assert.equal(shouldReconnect(CloseCode.RECONNECT_NOW), true);
