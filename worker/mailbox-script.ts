@@ -29,7 +29,7 @@
 import clusterKeySlot from "cluster-key-slot";
 import { Cluster } from "ioredis";
 import { cacheStreamId, parseRoutes, seqKey, type MailboxSeq, type RedisKeys } from "../protocol/index.js";
-import { type RedisClient } from "../protocol/io/index.js";
+import { scripted, type RedisClient } from "../protocol/io/index.js";
 
 
 /** What every entry of a batch shares: its shard and log, and the settings. */
@@ -69,10 +69,6 @@ export interface ApplyEntryResult {
 
 const NO_ROUTES: string[] = [];
 
-type ScriptClient = RedisClient & {
-  jgApplyBatch(route: string, head: string, headers: string, bodies: Buffer): Promise<string>;
-};
-
 /** Needs a client made with REDIS_SCRIPTS defined (connectRedis does it). Results in entry order. */
 export async function applyBatch(redis: RedisClient, keys: RedisKeys, shared: BatchShared, entries: readonly BatchEntry[]): Promise<ApplyEntryResult[]> {
   const results = new Array<ApplyEntryResult>(entries.length);
@@ -87,7 +83,7 @@ export async function applyBatch(redis: RedisClient, keys: RedisKeys, shared: Ba
         headers[j] = `${e.user}|${e.dispatch}|${e.offset}|${e.lane}|${seqKey(e.seq)}|${cacheStreamId(e.seq)}|${e.body.byteLength}`;
         bodies[j] = e.body;
       }
-      const reply = await (redis as ScriptClient).jgApplyBatch(route, head, headers.join(";"), Buffer.concat(bodies));
+      const reply = await scripted(redis).jgApplyBatch(route, head, headers.join(";"), Buffer.concat(bodies));
       const rows = reply.split(";");
       if (rows.length !== indexes.length) throw new Error(`apply batch: ${rows.length} results for ${indexes.length} entries`);
       for (let j = 0; j < rows.length; j++) {
