@@ -8,8 +8,15 @@
  * 2.09M numbers once held the device event loop for 4 s and grew the heap by 1 GB.
  */
 import { z } from "zod";
-import { ID_PATTERN, MAX_ID_LENGTH, MAX_LANE_LENGTH, idListSchema, idSchema, type IdKind } from "../protocol/index.js";
-import { MAX_RECIPIENTS } from "../protocol/io/index.js";
+import {
+  ID_PATTERN,
+  MAX_ID_LENGTH,
+  MAX_LANE_LENGTH,
+  idListSchema,
+  idSchema,
+  type IdKind,
+  MAX_RECIPIENTS,
+} from "../protocol/index.js";
 
 /** Field names, the three ids, punctuation and whitespace around them. */
 const FIXED_BYTES = 1024;

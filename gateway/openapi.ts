@@ -5,7 +5,8 @@
  * test/unit/openapi.test.ts fails when that copy is stale.
  */
 import { z } from "zod";
-import { MAX_RECIPIENTS, ReadyzSchema } from "../protocol/io/index.js";
+import { MAX_RECIPIENTS } from "../protocol/index.js";
+import { ReadyzSchema } from "../protocol/io/index.js";
 // a cycle (it uses this module's helpers): only this module may import it
 import { ADMIN_OPENAPI } from "./admin-openapi.js";
 import { USERS_OPENAPI } from "./users-openapi.js";

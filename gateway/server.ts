@@ -14,13 +14,14 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { SignJWT } from "jose";
 import type * as Uws from "uWebSockets.js";
-import { type Config, type Disconnect } from "../protocol/index.js";
 import {
+  type Config,
+  type Disconnect,
   DispatchUnavailableError,
   DispatchValidationError,
   type DispatchResult,
-  type Dispatcher,
-} from "../protocol/io/index.js";
+} from "../protocol/index.js";
+import { type Dispatcher } from "../protocol/io/index.js";
 import { BATCH_SHAPE, DispatchShapeGuard, SINGLE_SHAPE, maxDispatchBodyBytes, parseDispatchBatch, parseDispatchBody, type DispatchAnswerJson, type DispatchErrorJson, type DispatchResultJson, type ParsedDispatch } from "./dispatch-body.js";
 import { openApiJson } from "./openapi.js";
 import { bearerMatches } from "./bearer.js";

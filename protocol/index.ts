@@ -20,6 +20,7 @@ export * from "./config.js";
 export * from "./hash.js";
 export * from "./registry-model.js";
 export * from "./entry.js";
+export * from "./dispatch-request.js";
 export * from "./nats-version.js";
 export * from "./layout.js";
 export * from "./cli-args.js";

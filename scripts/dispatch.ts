@@ -3,8 +3,15 @@
  * each recipient's mailbox through the Dispatcher (the same library backends use).
  */
 import { randomBytes } from "node:crypto";
-import { ConfigError, loadConfig, parseFlags, seqLabel, usageError } from "../protocol/index.js";
-import { DispatchValidationError, Dispatcher, RegistryClient, connectNats } from "../protocol/io/index.js";
+import {
+  ConfigError,
+  loadConfig,
+  parseFlags,
+  seqLabel,
+  usageError,
+  DispatchValidationError,
+} from "../protocol/index.js";
+import { Dispatcher, RegistryClient, connectNats } from "../protocol/io/index.js";
 
 const USAGE = `usage: npm run dispatch -- --to <user>[,<user>...] --text <text> [--lane <lane>]
   appends one entry to each recipient's mailbox (NATS and the lanes from the environment: docs/config.md)`;

@@ -37,14 +37,6 @@ import {
 import { DispatchFlight, type Call, type DispatchStats } from "./dispatch-flight.js";
 import { NatsDispatchLink, type DispatchLink } from "./dispatch-link.js";
 
-export {
-  MAX_RECIPIENTS,
-  DispatchUnavailableError,
-  DispatchValidationError,
-  type DispatchRegistryView,
-  type DispatchRequest,
-  type DispatchResult,
-} from "../dispatch-request.js";
 export type { DispatchStats } from "./dispatch-flight.js";
 export type { DispatchLink } from "./dispatch-link.js";
 

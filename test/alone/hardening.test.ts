@@ -5,8 +5,15 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { createHmac } from "node:crypto";
-import { DEV_JWT_SECRET, ErrorCode, RedisKeys, decodeServerFrame, loadConfig, seqKey } from "../../protocol/index.js";
-import { MAX_RECIPIENTS } from "../../protocol/io/index.js";
+import {
+  DEV_JWT_SECRET,
+  ErrorCode,
+  RedisKeys,
+  decodeServerFrame,
+  loadConfig,
+  seqKey,
+  MAX_RECIPIENTS,
+} from "../../protocol/index.js";
 import { maxDispatchBodyBytes } from "../../gateway/dispatch-body.js";
 import { startStack, redisClient } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";

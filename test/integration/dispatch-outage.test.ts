@@ -5,8 +5,8 @@
  * entry that was answered 200 is delivered once NATS is back.
  */
 import { test, after } from "node:test";
+import { DispatchUnavailableError } from "../../protocol/index.js";
 import assert from "node:assert/strict";
-import { DispatchUnavailableError } from "../../protocol/io/index.js";
 import { startStack } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { waitFor } from "../harness/wait.js";

@@ -9,8 +9,10 @@ import {
   seqEpoch,
   seqOffset,
   shardStream,
+  DispatchValidationError,
+  MAX_RECIPIENTS,
 } from "../../protocol/index.js";
-import { Dispatcher, DispatchValidationError, RegistryClient, MAX_RECIPIENTS } from "../../protocol/io/index.js";
+import { Dispatcher, RegistryClient } from "../../protocol/io/index.js";
 import { startInfra, initStack, spawnGateway, spawnWorker, PushCollector } from "../harness/stack.js";
 import { runCli } from "../harness/cli.js";
 import { sleep, waitFor } from "../harness/wait.js";
