@@ -7,7 +7,6 @@
  * between any two steps re-processes the batch under a newer epoch. The decisions are pure
  * (worker/batch-step.ts); this does the I/O between them, through the ports.
  */
-import type { Logger } from "pino";
 import {
   backoffCeiling,
   composeSeq,
@@ -22,20 +21,11 @@ import { writeRefusal } from "../protocol/io/index.js";
 import { planBatch, pushesOf, type BatchItem } from "./batch-step.js";
 import { RETRY_BACKOFF, sleep, type EpochGuard } from "./epoch-guard.js";
 import type { ApplyEntryResult, BatchShared } from "./mailbox-script.js";
-import type { WorkerMetrics } from "./metrics.js";
-import type { DeliveredMsg, LogMsg, MailboxStore, PushSink, RegistryView, ShardLog } from "./shard-ports.js";
-import type { RunnerConfig } from "./shard-runner.js";
+import type { DeliveredMsg, LogMsg } from "./shard-ports.js";
+import type { RunnerDeps } from "./shard-runner.js";
 
-export interface BatchDeps {
-  shard: number;
-  shardLog: ShardLog;
-  mailboxes: MailboxStore;
-  pushes: PushSink;
-  registry: RegistryView;
-  metrics: WorkerMetrics;
-  log: Logger;
-  config: RunnerConfig;
-}
+/** The runner's ports and parts this needs (every one but its worker id), and its shard. */
+export type BatchDeps = Omit<RunnerDeps, "workerId"> & { shard: number };
 
 interface Item extends BatchItem {
   msg: LogMsg;
