@@ -13,7 +13,7 @@ import type { PullReply } from "./requests.js";
 /** What the loop takes, in arrival order. */
 export type Incoming = { type: "entries"; shard: number; entries: Entry[] } | Extract<PositionInput, { type: "synced" | "rebased" | "auth_ok" }>;
 
-/** A handler that throws gets its entry again after this backoff. */
+/** A handler that throws gets its entry again after this backoff (the rebuild hook too). */
 const HANDLER_BACKOFF = { baseMs: 100, capMs: 5000 };
 /** PULL rounds for one gap (each up to the gateway's limit). */
 const MAX_GAP_ROUNDS = 100;
@@ -60,9 +60,24 @@ export class ApplyLoop {
     this.queue = [];
   }
 
-  /** CURSOR_EXPIRED: entries wait until the app's rebuild hook has finished. */
-  rebuild(hook: Promise<void>): void {
-    this.rebuilding = hook.finally(() => {
+  /**
+   * CURSOR_EXPIRED: entries wait until the app's rebuild hook has finished. A hook that throws is
+   * told (`rebuild_error`) and run again after the handler's backoff: applying later entries over
+   * a state that was not rebuilt would be wrong, and a rejection nobody handles ends a Node app.
+   */
+  rebuild(hook: () => void | Promise<void>): void {
+    this.rebuilding = (async () => {
+      for (let attempt = 0; !this.host.closed(); attempt++) {
+        try {
+          await hook();
+          return;
+        } catch (error) {
+          this.host.stats.handlerErrors++;
+          this.host.emit({ type: "rebuild_error", error });
+          await sleep(this.host.clock, reconnectDelay(attempt, HANDLER_BACKOFF));
+        }
+      }
+    })().finally(() => {
       this.rebuilding = undefined;
       void this.drain();
     });

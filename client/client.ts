@@ -349,7 +349,8 @@ export class JetgateClient {
       return;
     }
     if (f.code === ErrorCode.CURSOR_EXPIRED && f.new_cursor) {
-      this.loop.rebuild(Promise.resolve(this.opts.onRebuild?.({ trimWatermark: f.trim_watermark ?? 0n })));
+      const trimWatermark = f.trim_watermark ?? 0n;
+      this.loop.rebuild(() => this.opts.onRebuild?.({ trimWatermark }));
       // AUTH_OK's `from` (the head) is the position after a rebuild
       this.perform(this.position.apply({ type: "expired", cursor: f.new_cursor }));
       return;

@@ -36,5 +36,7 @@ export type ClientEvent =
   /** The backend asked for a reconnect (close 4300, e.g. to pick up a new token): the client reconnects at once, calling `token()` again. */
   | { type: "reconnect_requested"; reason: string }
   | { type: "handler_error"; entry: Entry; error: unknown }
+  /** The rebuild hook (CURSOR_EXPIRED) threw: it runs again after a backoff; entries wait for it. */
+  | { type: "rebuild_error"; error: unknown }
   | { type: "error"; frame: ErrorFrame }
   | { type: "closed"; code: number; reason: string };

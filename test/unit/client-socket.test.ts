@@ -386,6 +386,28 @@ test("client socket - CURSOR_EXPIRED: later entries wait for the rebuild hook; C
   assert.deepEqual(r.events.filter((e) => e.type === "cursor_invalid"), [{ type: "cursor_invalid", reason: "bad sig" }]);
 });
 
+test("client socket - a rebuild hook that throws is told and run again after a backoff; entries wait for it, nothing is left unhandled", async (t) => {
+  let calls = 0;
+  const r = await rig(t, {
+    onRebuild: async () => {
+      calls++;
+      if (calls === 1) throw new Error("db busy");
+      if (calls === 2) return Promise.reject(new Error("still busy"));
+    },
+  });
+  await r.answer({ t: "ERROR", code: "CURSOR_EXPIRED", msg: "", fatal: false, trim_watermark: S(50), rebuild_required: true, new_cursor: tok() }, authOk(S(60)), msgs(0, entry(S(61), "fresh")), synced(S(61)));
+  assert.equal(calls, 1);
+  assert.deepEqual(ids(r.applied), [], "waits for a rebuild that has not succeeded");
+  assert.deepEqual(r.events.filter((e) => e.type === "rebuild_error").map((e) => (e as { error: Error }).error.message), ["db busy"]);
+  await r.tick(50); // the first retry: half of the 100 ms ceiling (Math.random is 0.5)
+  assert.equal(calls, 2);
+  assert.deepEqual(ids(r.applied), []);
+  await r.tick(100);
+  assert.equal(calls, 3);
+  assert.deepEqual(ids(r.applied), ["fresh"], "applied once the hook succeeded");
+  assert.equal(r.client.stats.handlerErrors, 2);
+});
+
 test("client socket - ACK: cumulative, after ackEvery.entries or ackEvery.ms", async (t) => {
   const r = await rig(t, { ackEvery: { entries: 3, ms: 1000 } });
   await r.answer(authOk(0n), msgs(0, entry(S(1), "a"), entry(S(2), "b")), synced(S(2)));
