@@ -275,11 +275,11 @@ export class JetgateClient {
     return this.pulls.request(id, () => this.write({ t: "PULL", id, after, limit: PULL_LIMIT }));
   }
 
-  /** Does what the position answered: the store follows it in order. */
+  /** Does what the position answered: the store follows it in order (a clear after the saves before it, never overtaken by one). */
   private perform(actions: PositionAction[]): void {
     for (const a of actions) {
-      if (a.type === "save") this.saveChain = this.saveChain.then(() => this.store.save(a.cursor)).catch(() => undefined);
-      else void this.store.clear();
+      const step = a.type === "save" ? () => this.store.save(a.cursor) : () => this.store.clear();
+      this.saveChain = this.saveChain.then(step).catch(() => undefined);
     }
   }
 

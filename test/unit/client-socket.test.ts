@@ -408,6 +408,29 @@ test("client socket - a rebuild hook that throws is told and run again after a b
   assert.equal(r.client.stats.handlerErrors, 2);
 });
 
+test("client socket - CURSOR_INVALID's clear waits for the saves queued before it: a slow store never ends up holding the invalid cursor", async (t) => {
+  let open: () => void = () => undefined;
+  const gate = new Promise<void>((resolve) => (open = resolve));
+  let saving = 0;
+  class SlowStore extends MemoryCursorStore {
+    override async save(c: DeviceCursor) {
+      saving++;
+      await gate;
+      await super.save(c);
+    }
+  }
+  const store = new SlowStore();
+  const r = await rig(t, { store });
+  await r.answer(authOk(0n), msgs(0, entry(S(1), "a")), synced(S(1)));
+  assert.ok(saving > 0, "a save of the cursor is under way");
+  r.last().serverClose(4500);
+  await r.tick(125);
+  await r.answer({ t: "ERROR", code: "CURSOR_INVALID", msg: "bad sig", fatal: false, new_cursor: tok() });
+  open();
+  await settle();
+  assert.equal(await store.load(), undefined, "cleared after the save, not before it");
+});
+
 test("client socket - ACK: cumulative, after ackEvery.entries or ackEvery.ms", async (t) => {
   const r = await rig(t, { ackEvery: { entries: 3, ms: 1000 } });
   await r.answer(authOk(0n), msgs(0, entry(S(1), "a"), entry(S(2), "b")), synced(S(2)));
