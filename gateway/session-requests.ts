@@ -3,8 +3,9 @@
  * flush, the token's expiry). Each kind is answered in the order its frames came: PULL on the
  * session's chain (behind the catch-up it must not overtake), REFRESH on a chain of its own (a
  * token must not expire behind a catch-up, and the expiry is the last frame's, whichever
- * verification finishes first), SEND straight to ingress (a publish must not wait behind a long
- * catch-up; one connection's publishes reach the stream in order).
+ * verification finishes first), SEND published at once (a publish must not wait behind a long
+ * catch-up; one connection's publishes reach the stream in order) and answered in order on a
+ * chain of its own (a SEND_OK never overtakes an earlier SEND's answer, however the acks return).
  */
 import {
   Disconnect,
@@ -33,6 +34,7 @@ export abstract class SessionRequests extends SessionSync {
   protected readonly clock: SessionClock;
   /** REFRESH frames, one after the other. */
   private refreshes: Promise<void> = Promise.resolve();
+  private sends: Promise<void> = Promise.resolve();
   private ackedSeq = 0n;
   private ackFlushed = 0n;
 
@@ -96,15 +98,22 @@ export abstract class SessionRequests extends SessionSync {
     this.sendBytes(encodeMsgsFrame(this.shard, entries.map(encodeEntry), { id: frame.id, more }), "MSGS");
   }
 
-  protected async sendUpstream(frame: SendFrame): Promise<void> {
+  /** Publishes at once; the answer waits for the answers of the SENDs before it. */
+  protected queueSend(frame: SendFrame): void {
+    const answer = this.publishUpstream(frame);
+    this.sends = this.sends.then(() => answer).then((tell) => tell());
+  }
+
+  /** The publish; resolves to how to answer it (never rejects). */
+  private async publishUpstream(frame: SendFrame): Promise<() => void> {
     const max = this.p.config.JETGATE_MAX_BODY_BYTES;
-    if (frame.b.byteLength > max) return this.refuse(ErrorCode.TOO_LARGE, `body over ${max} bytes`, frame.id);
+    if (frame.b.byteLength > max) return () => this.refuse(ErrorCode.TOO_LARGE, `body over ${max} bytes`, frame.id);
     try {
       const r = await this.p.ingress.publish(this.user, this.device, frame.cmid, frame.b);
-      this.send({ t: "SEND_OK", id: frame.id, cmid: frame.cmid, dup: r.duplicate });
+      return () => this.send({ t: "SEND_OK", id: frame.id, cmid: frame.cmid, dup: r.duplicate });
     } catch (err) {
       this.p.log.warn({ err: (err as Error).message, user: this.user }, "ingress publish failed");
-      this.refuse(ErrorCode.INTERNAL, "could not accept the message; retry with the same cmid", frame.id);
+      return () => this.refuse(ErrorCode.INTERNAL, "could not accept the message; retry with the same cmid", frame.id);
     }
   }
 

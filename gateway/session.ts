@@ -76,8 +76,8 @@ export class Session extends SessionRequests {
       case "PULL":
         return this.enqueue(() => this.pull(frame));
       case "SEND":
-        // not on the chain: a publish must not wait behind a long catch-up
-        return void this.sendUpstream(frame);
+        // not on the chain: a publish must not wait behind a long catch-up (answers keep their order)
+        return this.queueSend(frame);
       case "REFRESH":
         // on a chain of its own: a token must not expire behind a catch-up
         return this.queueRefresh(frame);

@@ -614,6 +614,31 @@ test("session - two REFRESH frames take effect in the order they were sent, howe
   assert.deepEqual(t.closed, { code: 4401, reason: "token expired" });
 });
 
+test("session - SEND: each publish starts at once, and the answers go out in the order the frames came, however the acks return", async () => {
+  const r = rig();
+  const started: string[] = [];
+  const acks = new Map<string, (dup: boolean) => void>();
+  r.ports.ingress = {
+    publish: (_user, _device, cmid) => {
+      started.push(cmid);
+      return new Promise((resolve) => acks.set(cmid, (duplicate) => resolve({ duplicate })));
+    },
+  };
+  const { s, t } = await auth(r);
+  const body = new Uint8Array([1]);
+  frame(s, { t: "SEND", id: 1, cmid: "c1", b: body });
+  frame(s, { t: "SEND", id: 2, cmid: "c2", b: body });
+  frame(s, { t: "SEND", id: 3, cmid: "c3", b: new Uint8Array(r.ports.config.JETGATE_MAX_BODY_BYTES + 1) });
+  assert.deepEqual(started, ["c1", "c2"], "both published at once (the third is refused: too large)");
+  acks.get("c2")!(true);
+  await new Promise((res) => setTimeout(res, 10));
+  assert.deepEqual(t.frames.filter((f) => f.t === "SEND_OK" || f.t === "ERROR").length, 0, "the second's answer waits for the first's");
+  acks.get("c1")!(false);
+  await t.until((f) => f.filter((x) => x.t === "SEND_OK" || x.t === "ERROR").length === 3, "three answers");
+  const answers = t.frames.flatMap((f) => (f.t === "SEND_OK" ? [`ok ${f.id} ${f.dup}`] : f.t === "ERROR" ? [`${f.code} ${f.id}`] : []));
+  assert.deepEqual(answers, ["ok 1 false", "ok 2 true", "TOO_LARGE 3"]);
+});
+
 test("session - a read queued before a rebuild's rebase, done on the new view: its entries wait for the rebase, never go out under the old log's token", async () => {
   const r = rig();
   r.mailbox.append(0, U);
