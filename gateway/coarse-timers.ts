@@ -12,6 +12,8 @@ import type { TimerPort } from "./ports.js";
 export const WHEEL_AFTER_MS = 60_000;
 
 class WheelEntry {
+  /** False once cleared: a turn that already took the entry from its bucket skips it. */
+  live = true;
   constructor(
     readonly fn: (arg: unknown) => void,
     readonly arg: unknown,
@@ -27,8 +29,12 @@ export class CoarseTimers implements TimerPort {
   /** Entries by the second they are due in (ms / 1000, floored). */
   private readonly buckets = new Map<number, Set<WheelEntry>>();
   private tick: unknown;
+  /** The last second a turn covered: the next turn looks at the seconds after it only. */
+  private turnedSec: number;
 
-  constructor(private readonly near: TimerPort) {}
+  constructor(private readonly near: TimerPort) {
+    this.turnedSec = Math.floor(near.now() / 1000);
+  }
 
   now(): number {
     return this.near.now();
@@ -46,6 +52,7 @@ export class CoarseTimers implements TimerPort {
 
   clearTimeout(handle: unknown): void {
     if (!(handle instanceof WheelEntry)) return this.near.clearTimeout(handle);
+    handle.live = false;
     const bucket = this.buckets.get(handle.sec);
     if (bucket?.delete(handle) === true && bucket.size === 0) this.buckets.delete(handle.sec);
   }
@@ -57,19 +64,33 @@ export class CoarseTimers implements TimerPort {
     return n;
   }
 
-  /** Calls every entry whose second has begun; the turn after is armed first, so one that throws stops no other. */
+  /**
+   * Calls every entry whose second has begun; the turn after is armed first, so one that throws
+   * stops no other. A turn looks up the seconds since the last one (one, normally), not every
+   * bucket: with day-long tokens there are tens of thousands.
+   */
   turn(): void {
     this.tick = undefined;
     const nowSec = Math.floor(this.near.now() / 1000);
     const due: WheelEntry[] = [];
-    for (const [sec, bucket] of this.buckets) {
-      if (sec > nowSec) continue;
+    const take = (sec: number, bucket: Set<WheelEntry>) => {
       this.buckets.delete(sec);
       for (const e of bucket) due.push(e);
+    };
+    // a clock that stepped back, or a long pause: look at every bucket
+    if (nowSec >= this.turnedSec && nowSec - this.turnedSec <= this.buckets.size) {
+      for (let sec = this.turnedSec + 1; sec <= nowSec; sec++) {
+        const bucket = this.buckets.get(sec);
+        if (bucket !== undefined) take(sec, bucket);
+      }
+    } else {
+      for (const [sec, bucket] of this.buckets) if (sec <= nowSec) take(sec, bucket);
     }
+    this.turnedSec = nowSec;
     this.armTick();
     const errors: unknown[] = [];
     for (const e of due) {
+      if (!e.live) continue; // cleared by an entry called before it in this turn
       try {
         e.fn(e.arg);
       } catch (err) {

@@ -101,19 +101,26 @@ export abstract class SessionRequests extends SessionSync {
   /** Publishes at once; the answer waits for the answers of the SENDs before it. */
   protected queueSend(frame: SendFrame): void {
     const answer = this.publishUpstream(frame);
-    this.sends = this.sends.then(() => answer).then((tell) => tell());
+    this.sends = this.sends
+      .then(() => answer)
+      .then((tell) => tell())
+      .catch((err: unknown) => {
+        this.p.log.error({ err, session: this.id }, "send answer failed");
+        this.fail(Disconnect.INTERNAL, "internal error");
+      });
   }
 
-  /** The publish; resolves to how to answer it (never rejects). */
+  /** The publish; resolves to how to answer it (never rejects). The answer keeps the frame's id and cmid, not its body. */
   private async publishUpstream(frame: SendFrame): Promise<() => void> {
+    const { id, cmid } = frame;
     const max = this.p.config.JETGATE_MAX_BODY_BYTES;
-    if (frame.b.byteLength > max) return () => this.refuse(ErrorCode.TOO_LARGE, `body over ${max} bytes`, frame.id);
+    if (frame.b.byteLength > max) return () => this.refuse(ErrorCode.TOO_LARGE, `body over ${max} bytes`, id);
     try {
-      const r = await this.p.ingress.publish(this.user, this.device, frame.cmid, frame.b);
-      return () => this.send({ t: "SEND_OK", id: frame.id, cmid: frame.cmid, dup: r.duplicate });
+      const r = await this.p.ingress.publish(this.user, this.device, cmid, frame.b);
+      return () => this.send({ t: "SEND_OK", id, cmid, dup: r.duplicate });
     } catch (err) {
       this.p.log.warn({ err: (err as Error).message, user: this.user }, "ingress publish failed");
-      return () => this.refuse(ErrorCode.INTERNAL, "could not accept the message; retry with the same cmid", frame.id);
+      return () => this.refuse(ErrorCode.INTERNAL, "could not accept the message; retry with the same cmid", id);
     }
   }
 

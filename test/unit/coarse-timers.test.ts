@@ -76,3 +76,32 @@ test("coarse timers - a session's token expiry on the wheel is still told at its
     assert.equal(at, 3_600_000 + i * 7, `session ${i}: told to the millisecond`);
   }
 });
+
+test("coarse timers - an entry cleared by one called before it in the same turn is not called", () => {
+  const near = new ManualTimers(T0);
+  const wheel = new CoarseTimers(near);
+  const calls: string[] = [];
+  const handles: { second?: unknown } = {};
+  wheel.setTimeout(() => (calls.push("first"), wheel.clearTimeout(handles.second)), 90_000, undefined);
+  handles.second = wheel.setTimeout(() => void calls.push("second"), 90_000, undefined);
+  near.advance(91_000);
+  assert.deepEqual(calls, ["first"]);
+});
+
+test("coarse timers - a clock that jumps an hour on (a process paused) and back calls everything due, once, in time order", () => {
+  const near = new ManualTimers(T0);
+  let jump = 0;
+  const jumpy = { now: () => near.now() + jump, setTimeout: near.setTimeout.bind(near), clearTimeout: near.clearTimeout.bind(near) };
+  const wheel = new CoarseTimers(jumpy);
+  const calls: number[] = [];
+  for (const [i, ms] of [120_000, 180_000, 7_200_000].entries()) wheel.setTimeout(() => void calls.push(i), ms, undefined);
+  jump = 3_600_000; // an hour passes between two turns
+  near.advance(1000);
+  assert.deepEqual(calls, [0, 1], "the two due within the hour, not the one due later");
+  jump = 0; // and back: nothing is lost or called twice, and a new entry is not held behind the hour
+  wheel.setTimeout(() => void calls.push(3), 60_000, undefined);
+  near.advance(61_000);
+  assert.deepEqual(calls, [0, 1, 3]);
+  near.advance(7_300_000);
+  assert.deepEqual(calls, [0, 1, 3, 2]);
+});

@@ -126,6 +126,8 @@ test("session clock - a timer that fires before the deadline (the wall clock a m
 
 test("session clock - on the system's timers (node:test's mock timers): told at its time, and nothing after stop", (t) => {
   t.mock.timers.enable({ apis: ["setTimeout", "Date"], now: T0 });
+  // the system clock is monotonic (performance.now), which mock timers leave alone: follow the mocked time
+  t.mock.method(performance, "now", () => Date.now() - performance.timeOrigin);
   const told: Deadline[] = [];
   const clock = new SessionClock({ onDeadline: (k) => void told.push(k) }, systemTimers);
   clock.set("auth", T0 + 600);
@@ -137,4 +139,12 @@ test("session clock - on the system's timers (node:test's mock timers): told at 
   clock.stop();
   t.mock.timers.tick(5000);
   assert.deepEqual(told, ["auth"], "stopped: the expiry is never told");
+});
+
+test("session clock - the system's clock never steps: a wall clock set back an hour moves no deadline", (t) => {
+  const before = systemTimers.now();
+  assert.ok(Math.abs(before - Date.now()) < 1000, "it reads as ms since the epoch");
+  t.mock.timers.enable({ apis: ["Date"], now: Date.now() - 3_600_000 });
+  const after = systemTimers.now();
+  assert.ok(after >= before && after - before < 1000, `${after - before} ms: not an hour back`);
 });
