@@ -66,7 +66,10 @@ export class ApplyLoop {
    * a state that was not rebuilt would be wrong, and a rejection nobody handles ends a Node app.
    */
   rebuild(hook: () => void | Promise<void>): void {
-    this.rebuilding = (async () => {
+    // a second CURSOR_EXPIRED while the first hook runs: its hook runs after, and entries wait for both
+    const before = this.rebuilding;
+    const mine: Promise<void> = (async () => {
+      if (before !== undefined) await before;
       for (let attempt = 0; !this.host.closed(); attempt++) {
         try {
           await hook();
@@ -78,9 +81,10 @@ export class ApplyLoop {
         }
       }
     })().finally(() => {
-      this.rebuilding = undefined;
+      if (this.rebuilding === mine) this.rebuilding = undefined;
       void this.drain();
     });
+    this.rebuilding = mine;
   }
 
   private drain(): Promise<void> {

@@ -431,6 +431,41 @@ test("client socket - CURSOR_INVALID's clear waits for the saves queued before i
   assert.equal(await store.load(), undefined, "cleared after the save, not before it");
 });
 
+test("client socket - the connection drops while the rebuild hook runs: the client reconnects once the hook is done, nothing thrown", async (t) => {
+  let rebuilt: (() => void) | undefined;
+  const r = await rig(t, { onRebuild: () => new Promise<void>((resolve) => (rebuilt = resolve)) });
+  await r.answer({ t: "ERROR", code: "CURSOR_EXPIRED", msg: "", fatal: false, trim_watermark: S(50), rebuild_required: true, new_cursor: tok() }, authOk(S(60)), msgs(0, entry(S(61), "lost with the connection")));
+  r.last().serverClose(4500);
+  await r.tick(5000);
+  assert.equal(r.sockets.length, 1, "no reconnect while the hook runs (what arrives could not be applied)");
+  rebuilt!();
+  await settle();
+  await r.tick(5000);
+  assert.equal(r.sockets.length, 2, "reconnected after the hook");
+  await r.answer(authOk(S(60)), msgs(0, entry(S(61), "again")), synced(S(61)));
+  assert.deepEqual(ids(r.applied), ["again"]);
+  assert.equal(r.client.state.type, "live");
+});
+
+test("client socket - a second CURSOR_EXPIRED while the first hook runs: its hook runs after the first, and entries wait for both", async (t) => {
+  const pending: (() => void)[] = [];
+  let calls = 0;
+  const r = await rig(t, { onRebuild: () => (calls++, new Promise<void>((resolve) => void pending.push(resolve))) });
+  await r.answer({ t: "ERROR", code: "CURSOR_EXPIRED", msg: "", fatal: false, trim_watermark: S(50), rebuild_required: true, new_cursor: tok() });
+  r.last().serverClose(4500); // before AUTH_OK: nothing queued, the client reconnects at once
+  await r.tick(5000);
+  assert.equal(r.sockets.length, 2);
+  await r.answer({ t: "ERROR", code: "CURSOR_EXPIRED", msg: "", fatal: false, trim_watermark: S(70), rebuild_required: true, new_cursor: tok() }, authOk(S(80)), msgs(0, entry(S(81), "fresh")), synced(S(81)));
+  assert.equal(calls, 1, "the second hook waits for the first");
+  pending[0]!();
+  await settle();
+  assert.equal(calls, 2);
+  assert.deepEqual(ids(r.applied), [], "entries wait for the second hook too");
+  pending[1]!();
+  await settle();
+  assert.deepEqual(ids(r.applied), ["fresh"]);
+});
+
 test("client socket - ACK: cumulative, after ackEvery.entries or ackEvery.ms", async (t) => {
   const r = await rig(t, { ackEvery: { entries: 3, ms: 1000 } });
   await r.answer(authOk(0n), msgs(0, entry(S(1), "a"), entry(S(2), "b")), synced(S(2)));
