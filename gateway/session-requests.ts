@@ -20,6 +20,7 @@ import {
 } from "../protocol/index.js";
 import { pullRanges } from "./positions.js";
 import type { SessionPorts, Transport } from "./ports.js";
+import type { DeviceClaims } from "./jwt.js";
 import { CoarseTimers } from "./coarse-timers.js";
 import { SessionClock, systemTimers, type Deadline } from "./session-clock.js";
 import { SessionSync } from "./session-sync.js";
@@ -133,14 +134,8 @@ export abstract class SessionRequests extends SessionSync {
   }
 
   private async refresh(frame: RefreshFrame): Promise<void> {
-    let claims;
-    try {
-      claims = await this.p.tokens.verify(frame.token);
-    } catch (err) {
-      this.tokenRefused(err);
-      return this.fail(Disconnect.UNAUTHORIZED, `refresh refused: ${(err as Error).message}`);
-    }
-    if (this.closed) return;
+    const claims = await this.verifyToken(frame.token, "refresh refused: ");
+    if (claims === undefined) return;
     if (claims.user !== this.user || (claims.device !== undefined && claims.device !== this.device)) {
       this.p.metrics.authOutcomes.inc({ case: "unauthorized" });
       return this.fail(Disconnect.UNAUTHORIZED, "refresh token is for another user or device");
@@ -160,10 +155,20 @@ export abstract class SessionRequests extends SessionSync {
     this.send({ t: "REFRESH_OK", ...(frame.id !== undefined ? { id: frame.id } : {}), exp: claims.expiresAt });
   }
 
-  /** The device hears the reason; what each key said goes to the log only. */
-  protected tokenRefused(err: unknown): void {
-    this.p.metrics.authOutcomes.inc({ case: "unauthorized" });
-    const detail = (err as { detail?: unknown }).detail;
-    if (typeof detail === "string") this.p.log.info({ session: this.id, why: (err as Error).message, detail }, "token refused");
+  /**
+   * The token's claims (AUTH's and REFRESH's), or undefined when the session is closed: a token
+   * refused is UNAUTHORIZED with `prefix` and the reason; what each key said goes to the log only.
+   */
+  protected async verifyToken(token: string, prefix = ""): Promise<DeviceClaims | undefined> {
+    try {
+      const claims = await this.p.tokens.verify(token);
+      return this.closed ? undefined : claims;
+    } catch (err) {
+      this.p.metrics.authOutcomes.inc({ case: "unauthorized" });
+      const detail = (err as { detail?: unknown }).detail;
+      if (typeof detail === "string") this.p.log.info({ session: this.id, why: (err as Error).message, detail }, "token refused");
+      this.fail(Disconnect.UNAUTHORIZED, `${prefix}${(err as Error).message}`);
+      return undefined;
+    }
   }
 }

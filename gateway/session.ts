@@ -140,15 +140,8 @@ export class Session extends SessionRequests {
 
   /** Token, device binding, per-user limit, presence, the hub. False when the session was refused. */
   private async authenticate(frame: AuthFrame): Promise<boolean> {
-    let claims;
-    try {
-      claims = await this.p.tokens.verify(frame.token);
-    } catch (err) {
-      this.tokenRefused(err);
-      this.fail(Disconnect.UNAUTHORIZED, (err as Error).message);
-      return false;
-    }
-    if (this.closed) return false;
+    const claims = await this.verifyToken(frame.token);
+    if (claims === undefined) return false;
     if (claims.device !== undefined && claims.device !== frame.device) {
       this.p.metrics.authOutcomes.inc({ case: "unauthorized" });
       this.fail(Disconnect.UNAUTHORIZED, "token is bound to another device");

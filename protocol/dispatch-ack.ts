@@ -3,6 +3,7 @@
  * offset), a failure worth another attempt or not; for an atomic batch, committed (its first
  * offset) or refused as a batch. Pure: the Dispatcher (protocol/io/dispatch-flight.ts) acts on it.
  */
+import { backoffCeiling } from "./backoff.js";
 
 /** An answer to a publish: a NATS status (503: no stream listens on the subject), or JetStream's JSON. */
 export interface AckAnswer {
@@ -79,5 +80,6 @@ export function batchAck(a: AckAnswer, n: number): BatchAck {
 
 /** The wait before attempt `attempt + 1` of an entry whose attempt `attempt` failed: 100 ms doubling, at most 1 s. */
 export function retryDelayMs(attempt: number): number {
-  return Math.min(50 * 2 ** attempt, 1000);
+  return backoffCeiling(attempt, ENTRY_RETRY);
 }
+const ENTRY_RETRY = { baseMs: 50, capMs: 1000 };

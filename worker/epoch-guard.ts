@@ -4,6 +4,7 @@
  * state applied locally), and against the registry's head before anything leaves the process
  * (`confirm`). The takeover checks its own record with `superseded` too.
  */
+import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "pino";
 import { backoffCeiling, type RegistryState, type ShardState } from "../protocol/index.js";
 import type { RegistryView } from "./shard-ports.js";
@@ -20,10 +21,6 @@ const CONFIRM_FRESH_MS = 50;
  */
 export function superseded(cur: ShardState, epoch: number, worker: string): boolean {
   return cur.epoch > epoch || (cur.epoch === epoch && cur.owner !== worker);
-}
-
-export function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms));
 }
 
 export interface GuardDeps {

@@ -7,6 +7,7 @@
  * between any two steps re-processes the batch under a newer epoch. The decisions are pure
  * (worker/batch-step.ts); this does the I/O between them, through the ports.
  */
+import { setTimeout as sleep } from "node:timers/promises";
 import {
   backoffCeiling,
   composeSeq,
@@ -19,7 +20,7 @@ import {
 } from "../protocol/index.js";
 import { writeRefusal } from "../protocol/io/index.js";
 import { planBatch, pushesOf, type BatchItem } from "./batch-step.js";
-import { RETRY_BACKOFF, sleep, type EpochGuard } from "./epoch-guard.js";
+import { RETRY_BACKOFF, type EpochGuard } from "./epoch-guard.js";
 import type { ApplyEntryResult, BatchShared } from "./mailbox-script.js";
 import type { DeliveredMsg, LogMsg } from "./shard-ports.js";
 import type { RunnerDeps } from "./shard-runner.js";
