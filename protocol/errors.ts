@@ -136,11 +136,6 @@ export function reconnectPolicy(code: number): ReconnectPolicy {
 }
 const V1_TERMINAL: ReadonlySet<number> = new Set([CloseCode.SIGNED_OUT, CloseCode.REPLACED]);
 
-/** Whether a device should reconnect after this close code (`reconnectPolicy` is not "stop"). */
-export function shouldReconnect(code: number): boolean {
-  return reconnectPolicy(code) !== "stop";
-}
-
 /** Base class of jetgate's named errors: `name` is the class name, `code` is machine-readable. */
 export class JetgateError extends Error {
   readonly code: string;

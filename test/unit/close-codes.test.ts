@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { CloseCode, Disconnect, closeReasons, reconnectPolicy, shouldReconnect, withReason } from "../../protocol/index.js";
+import { CloseCode, Disconnect, closeReasons, reconnectPolicy, withReason } from "../../protocol/index.js";
 
 test("reconnect is decided by the close code's range, with wire v1's two terminal codes kept", () => {
   const table: Array<[number, "now" | "backoff" | "stop"]> = [
@@ -12,7 +12,6 @@ test("reconnect is decided by the close code's range, with wire v1's two termina
   ];
   for (const [code, want] of table) {
     assert.equal(reconnectPolicy(code), want, `close ${code}`);
-    assert.equal(shouldReconnect(code), want !== "stop", `close ${code}`);
   }
 });
 

@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Revocations, parseRevocations, revocationField } from "../../gateway/revocations.js";
 import { disconnectFor, ControlReplySchema, DisconnectRequestSchema } from "../../gateway/control.js";
-import { CloseCode, shouldReconnect } from "../../protocol/index.js";
+import { CloseCode, reconnectPolicy } from "../../protocol/index.js";
 
 const NOW = 1_800_000_000_000;
 
@@ -51,10 +51,10 @@ test("revocations - the Redis hash: fields and values that do not parse are skip
 test("control - close codes of the two disconnect kinds, and what the SDK does after each", () => {
   assert.deepEqual(disconnectFor("signed_out", undefined), { close: CloseCode.SIGNED_OUT, reason: "signed out" });
   assert.deepEqual(disconnectFor("reconnect", "new token"), { close: CloseCode.RECONNECT_NOW, reason: "new token" });
-  assert.equal(shouldReconnect(CloseCode.SIGNED_OUT), false);
-  assert.equal(shouldReconnect(CloseCode.REPLACED), false);
-  assert.equal(shouldReconnect(CloseCode.RECONNECT_NOW), true);
-  assert.equal(shouldReconnect(CloseCode.UNAUTHENTICATED), true);
+  assert.equal(reconnectPolicy(CloseCode.SIGNED_OUT), "stop");
+  assert.equal(reconnectPolicy(CloseCode.REPLACED), "stop");
+  assert.equal(reconnectPolicy(CloseCode.RECONNECT_NOW), "now");
+  assert.equal(reconnectPolicy(CloseCode.UNAUTHENTICATED), "backoff");
 });
 
 test("control - requests and answers are validated: bad ids, modes and shapes are refused", () => {
