@@ -222,7 +222,7 @@ export function serveAdmin(app: Uws.TemplatedApp, config: Config, src: AdminSour
       res.onAborted(() => (aborted = true));
       a.then(
         (body) => aborted || json("200 OK", body),
-        (err: unknown) => aborted || json("503 Service Unavailable", { error: `cannot read it: ${(err as Error).message}` }),
+        (err: unknown) => aborted || json("503 Service Unavailable", { error: `cannot read it: ${(err as Error).message}` }, [["retry-after", "2"]]),
       );
     });
   api("/admin/api/state", () => state());

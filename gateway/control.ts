@@ -1,9 +1,8 @@
 /**
  * What a backend's call (the users API, gateway/users-api.ts) asks of every gateway, over NATS:
  * end a user's sessions, apply a token revocation, say who is online. The gateway that took the
- * call asks them all with one request (protocol's CONTROL_SUBJECTS) and collects the answers until
- * every live gateway has answered (the gateways' beat set in Redis says how many) or a short wait
- * is over; each gateway answers with what it did or holds. Requests are zod-validated on receipt:
+ * call asks them all with one request (protocol's CONTROL_SUBJECTS) and collects the answers
+ * (gateway/roster.ts says whom it waits for); each gateway answers with what it did or holds. Requests are zod-validated on receipt:
  * only jetgate's own NATS user may publish there (docs/examples/nats-permissions.conf), but a
  * malformed one is dropped, never acted on.
  */
@@ -74,7 +73,7 @@ export class ControlHandler {
       this.nc.subscribe(subject, {
         callback: (err, m) => {
           if (err !== null) return;
-          const req = parse(m, schema);
+          const req = parseJson(m, schema);
           if (req === undefined) return void this.log.warn({ subject }, "control request refused: not a valid request");
           const reply: ControlReply = { gateway: this.gatewayId, ...act(req) };
           if (m.reply) m.respond(JSON.stringify(reply));
@@ -98,36 +97,13 @@ export class ControlHandler {
   }
 }
 
-function parse<T>(m: Msg, schema: z.ZodType<T>): T | undefined {
-  if (m.data.byteLength > 64 * 1024) return undefined;
+/** A control message's JSON body, checked by `schema`; undefined when it is too large or does not parse. */
+export function parseJson<T>(m: Msg, schema: z.ZodType<T>, maxBytes = 64 * 1024): T | undefined {
+  if (m.data.byteLength > maxBytes) return undefined;
   try {
     const r = schema.safeParse(m.json());
     return r.success ? r.data : undefined;
   } catch {
     return undefined;
   }
-}
-
-/** Largest answer read from one gateway (a presence answer for 100 busy users). */
-const MAX_REPLY_BYTES = 1024 * 1024;
-
-/**
- * Asks every gateway (`expected` of them are live, when known) and collects their answers: until
- * each has answered, or `maxWaitMs`. Answers that do not parse are not counted.
- */
-export async function askGateways(nc: NatsConnection, subject: string, body: unknown, expected: number | undefined, maxWaitMs: number): Promise<ControlReply[]> {
-  const out: ControlReply[] = [];
-  const opts = expected !== undefined && expected > 0 ? { maxWait: maxWaitMs, strategy: "count" as const, maxMessages: expected } : { maxWait: maxWaitMs, strategy: "timer" as const };
-  let replies;
-  try {
-    replies = await nc.requestMany(subject, JSON.stringify(body), opts);
-  } catch {
-    return out;
-  }
-  for await (const m of replies) {
-    if (m.data.byteLength > MAX_REPLY_BYTES) continue;
-    const r = parse(m, ControlReplySchema);
-    if (r !== undefined) out.push(r);
-  }
-  return out;
 }

@@ -28,6 +28,7 @@ import type { SessionPorts } from "./ports.js";
 import { GatewayMetrics } from "./metrics.js";
 import { Presence } from "./presence.js";
 import { ControlHandler } from "./control.js";
+import { NatsRoster } from "./roster.js";
 import { RevocationStore, Revocations } from "./revocations.js";
 import { lookupUser, type UsersApiDeps } from "./users-api.js";
 import { NatsPushSource } from "./push-source.js";
@@ -82,6 +83,8 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   revocationTimer.unref();
   const control = new ControlHandler(nc, gatewayId, sessions, revocations, log);
   control.start();
+  const roster = new NatsRoster(nc, gatewayId);
+  roster.start();
   const js = jetstream(nc);
   const mailbox = new MailboxReader(nc, redis, keys, registry, config.JETGATE_LANES);
   sessions.startTailChecks(config.JETGATE_TAIL_CHECK_S, (users) => mailbox.cachedHeads(users));
@@ -123,9 +126,9 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   let jsm: Promise<JetStreamManager> | undefined;
   const admin = {
     gatewayId, nc, jsm: () => (jsm ??= jetstreamManager(nc)), redis, keys, registry, opsKeys: config.JETGATE_OPS_KEY,
-    lookupUser: (user: string) => lookupUser({ nc, redis, keys, registry, mailbox }, user),
+    lookupUser: (user: string) => lookupUser({ nc, redis, keys, registry, mailbox, roster, timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS }, user),
   };
-  const usersApi: UsersApiDeps = { config, nc, redis, keys, revocationStore, registry, mailbox, cursors: ctx.cursors, metrics };
+  const usersApi: UsersApiDeps = { config, nc, redis, keys, revocationStore, registry, mailbox, cursors: ctx.cursors, metrics, roster, timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS };
   const server = await startServer(uws, config, ctx, dispatcher, () => health.problems(), admin, usersApi);
   log.info({ port: server.port, opsPort: (ops.address() as AddressInfo).port, native }, "gateway listening");
 
@@ -148,6 +151,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       dispatcher.close();
       presence.stop();
       control.stop();
+      roster.stop();
       clearInterval(revocationTimer);
       routes.stop();
       health.stop();

@@ -5,8 +5,8 @@
  * with zod; each answer is one of the shapes the OpenAPI document lists (gateway/users-openapi.ts).
  *
  * Disconnect, revoke and presence are asked of every gateway over NATS (gateway/control.ts) and
- * answered with how many gateways answered of how many are live, so a backend can tell a partial
- * answer from a whole one. A revocation is written to Redis first: if Redis does not take it, the
+ * answered with how many gateways answered of how many there were to ask, and `partial` unless all
+ * of them did (gateway/roster.ts), so a backend can tell a partial answer from a whole one. A revocation is written to Redis first: if Redis does not take it, the
  * call fails (503) and nothing else happens, so a backend that retries never leaves gateways
  * refusing tokens Redis does not know of (a gateway started later would accept them).
  */
@@ -26,7 +26,6 @@ import {
 import { scripted, type RedisClient } from "../protocol/io/index.js";
 import { bearerMatches } from "./bearer.js";
 import {
-  askGateways,
   DisconnectMode,
   ReasonSchema,
   PresenceRequestSchema,
@@ -37,6 +36,7 @@ import type { GatewayMetrics } from "./metrics.js";
 import type { ShardBounds } from "./auth-decision.js";
 import type { MailboxSource, RegistryView, Watermarks } from "./ports.js";
 import { TokenBucket } from "./rate-limit.js";
+import { answeredOf, askGateways, type NatsRoster } from "./roster.js";
 import { UnavailableError } from "./gather.js";
 import { BadPositionError, DEFAULT_PAGE_ENTRIES, MAX_PAGE_ENTRIES, decodePosition, lastEntries, readPage } from "./mailbox-page.js";
 import type { Revocation, RevocationStore } from "./revocations.js";
@@ -76,9 +76,16 @@ export const PresenceBodySchema = PresenceRequestSchema.strict();
 const GatewaysAnswered = z.object({
   /** Gateways that answered. */
   answered: z.number().int().min(0),
-  /** Gateways live by their beats in Redis (null when Redis did not say): fewer answers mean a partial result. */
-  live: z.number().int().min(0).nullable(),
+  /** Gateways there were to ask: heard beating on NATS within 5 s (this one included), or beating in Redis. */
+  live: z.number().int().min(0),
+  /**
+   * True when the answer may be missing a gateway's part: one of them did not answer within 1 s,
+   * Redis's beat set could not be read (a gateway cut off from NATS is known only there), or this
+   * gateway started less than 2 s ago. False only when every gateway there was to ask answered.
+   */
+  partial: z.boolean(),
 });
+type GatewaysAnsweredJson = z.output<typeof GatewaysAnswered>;
 
 export const EndedAnswerSchema = z.object({ user: z.string(), device: z.string().optional(), ended: z.number().int().min(0), gateways: GatewaysAnswered });
 export const RevokedAnswerSchema = EndedAnswerSchema.extend({
@@ -136,6 +143,10 @@ export interface UsersApiDeps {
   mailbox: MailboxSource;
   cursors: CursorSigner;
   metrics: GatewayMetrics;
+  /** The gateways heard on NATS: whom a call waits for. */
+  roster: Pick<NatsRoster, "live" | "warm">;
+  /** JETGATE_DEPENDENCY_TIMEOUT_MS: the longest a read of Redis or the streams may take before the answer is 503. */
+  timeoutMs: number;
 }
 
 type Answer = { status: string; body: unknown; headers?: Record<string, string> };
@@ -248,11 +259,12 @@ export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps): void {
       throw err;
     }
     try {
-      const page = await readPage({ registry: d.registry, mailbox: d.mailbox, cursors: d.cursors }, user!, position, { limit: q.limit ?? DEFAULT_PAGE_ENTRIES, ...(q.lane !== undefined ? { lane: q.lane } : {}) });
+      const page = await within(readPage({ registry: d.registry, mailbox: d.mailbox, cursors: d.cursors }, user!, position, { limit: q.limit ?? DEFAULT_PAGE_ENTRIES, ...(q.lane !== undefined ? { lane: q.lane } : {}) }), d.timeoutMs);
       return { status: "200 OK", body: page };
     } catch (err) {
       if (err instanceof UnavailableError) throw new ApiError("503 Service Unavailable", err.message, undefined, { "retry-after": String(Math.max(1, Math.ceil(err.retryMs / 1000))) });
-      throw err;
+      // what fails past the input checks is a read of Redis or the stream (a timeout, a lost connection)
+      throw new ApiError("503 Service Unavailable", `the mailbox did not answer (${(err as Error).message})`, undefined, { "retry-after": "2" });
     }
   });
 
@@ -279,9 +291,9 @@ export const UserLookupSchema = z.object({
 export type UserLookup = z.output<typeof UserLookupSchema>;
 
 /** The console's user lookup: the mailbox's position, the live sessions, the newest entries. */
-export async function lookupUser(d: Pick<UsersApiDeps, "nc" | "redis" | "keys" | "registry" | "mailbox">, user: string): Promise<UserLookup> {
+export async function lookupUser(d: Pick<UsersApiDeps, "nc" | "redis" | "keys" | "registry" | "mailbox" | "roster" | "timeoutMs">, user: string): Promise<UserLookup> {
   const l = userLookups(d);
-  const [mailbox, presence, entries] = await Promise.all([l.mailbox(user), l.presence([user]), lastEntries(d, user, LOOKUP_ENTRIES)]);
+  const [mailbox, presence, entries] = await Promise.all([l.mailbox(user), l.presence([user]), within(lastEntries(d, user, LOOKUP_ENTRIES), d.timeoutMs)]);
   return {
     mailbox, presence: presence.users[user] ?? [], gateways: presence.gateways,
     entries: entries.map((e) => ({ seq: e.seq.toString(), seq_label: seqLabel(e.seq), id: e.id, lane: e.lane, ts: e.ts, bytes: e.b.byteLength })),
@@ -291,23 +303,37 @@ export async function lookupUser(d: Pick<UsersApiDeps, "nc" | "redis" | "keys" |
 /** A dependency did not answer a lookup. */
 export class LookupUnavailable extends Error {}
 
+/**
+ * A read that has not answered within JETGATE_DEPENDENCY_TIMEOUT_MS fails (a read made of several
+ * Redis or stream round trips could otherwise take a timeout for each); it changes nothing, so
+ * leaving it to finish unseen is harmless.
+ */
+function within<T>(p: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new LookupUnavailable(`no answer within ${ms} ms (JETGATE_DEPENDENCY_TIMEOUT_MS)`)), ms);
+  });
+  p.catch(() => undefined);
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
+
 /** What the users API and the console's user lookup both read. */
-export function userLookups(d: Pick<UsersApiDeps, "nc" | "redis" | "keys" | "registry" | "mailbox">) {
+export function userLookups(d: Pick<UsersApiDeps, "nc" | "redis" | "keys" | "registry" | "mailbox" | "roster" | "timeoutMs">) {
   const redis = scripted(d.redis);
-  const liveGateways = async (): Promise<number | null> => {
+  /** The gateways beating in Redis within the liveness window; null when Redis did not say. */
+  const redisLive = async (): Promise<string[] | null> => {
     try {
       const [now, ...rest] = await redis.jgGatewaysSeen(d.keys.gateways());
-      let n = 0;
-      for (let i = 1; i < rest.length; i += 2) if (Number(rest[i]) >= Number(now) - GATEWAY_LIVENESS.liveWithinS) n++;
-      return n;
+      const out: string[] = [];
+      for (let i = 0; i + 1 < rest.length; i += 2) if (Number(rest[i + 1]) >= Number(now) - GATEWAY_LIVENESS.liveWithinS) out.push(rest[i]!);
+      return out;
     } catch {
       return null;
     }
   };
-  const ask = async (subject: string, body: unknown): Promise<{ replies: ControlReply[]; gateways: { answered: number; live: number | null } }> => {
-    const live = await liveGateways();
-    const replies = await askGateways(d.nc, subject, body, live ?? undefined, ASK_WAIT_MS);
-    return { replies, gateways: { answered: replies.length, live } };
+  const ask = async (subject: string, body: unknown): Promise<{ replies: ControlReply[]; gateways: GatewaysAnsweredJson }> => {
+    const g = await askGateways(d.nc, subject, body, { expected: d.roster.live(), redisLive: redisLive(), maxWaitMs: ASK_WAIT_MS });
+    return { replies: g.replies, gateways: answeredOf(g, d.roster.warm()) };
   };
   return {
     ask,
@@ -325,7 +351,7 @@ export function userLookups(d: Pick<UsersApiDeps, "nc" | "redis" | "keys" | "reg
       let wm: Watermarks;
       let bounds: ShardBounds;
       try {
-        [wm, bounds] = await Promise.all([d.mailbox.watermarks(shard, user), d.mailbox.bounds(shard)]);
+        [wm, bounds] = await within(Promise.all([d.mailbox.watermarks(shard, user), d.mailbox.bounds(shard)]), d.timeoutMs);
       } catch (err) {
         throw new LookupUnavailable(`the mailbox did not answer (${(err as Error).message})`);
       }

@@ -39,7 +39,7 @@ function post(operationId: string, summary: string, description: string, body: s
       security: [{ serviceToken: [] }],
       ...(operationId === "presence" ? {} : { parameters: [userParam] }),
       requestBody: { required: true, ...jsonContent(ref(body), example) },
-      responses: { "200": { description: "Done: `gateways` says how many answered of how many are live (fewer: some sessions may not have been reached; call again).", ...jsonContent(ref(answer)) }, ...common() },
+      responses: { "200": { description: "Done: `gateways` says how many gateways answered of how many there were to ask; `partial: true`: some sessions may not have been reached, call again.", ...jsonContent(ref(answer)) }, ...common() },
     },
   };
 }

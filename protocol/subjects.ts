@@ -108,4 +108,6 @@ export const CONTROL_SUBJECTS = {
   revoke: "jetgate.ctl.revoke",
   /** Which devices of these users have a live session here, and since when. */
   presence: "jetgate.ctl.presence",
+  /** Every gateway says it is there, each GATEWAY_LIVENESS.beatEveryMs: whom the requests above wait for (gateway/roster.ts). */
+  beat: "jetgate.ctl.beat",
 } as const;

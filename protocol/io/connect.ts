@@ -81,7 +81,7 @@ export function scripted<R extends RedisClient>(redis: R): R & RedisScriptComman
   }
   return redis as R & RedisScriptCommands;
 }
-export type RedisSettings = Pick<Config, "JETGATE_REDIS_URL" | "JETGATE_REDIS_CLUSTER" | "JETGATE_REDIS_CA_FILE">;
+export type RedisSettings = Pick<Config, "JETGATE_REDIS_URL" | "JETGATE_REDIS_CLUSTER" | "JETGATE_REDIS_CA_FILE" | "JETGATE_DEPENDENCY_TIMEOUT_MS">;
 
 /**
  * A Redis (or Redis Cluster) client with auto-pipelining: commands issued in the same tick go out
@@ -103,6 +103,10 @@ export function connectRedis(c: RedisSettings, name: string): ScriptedRedis {
     autoPipeliningIgnoredCommands: [...UNPIPELINED],
     scripts: { ...REDIS_SCRIPTS },
     maxRetriesPerRequest: 2,
+    // A Redis that keeps its connection and answers nothing (a partition, SIGSTOP, a long script)
+    // fails each command after this long, so every caller answers (a 503, a retry) instead of
+    // waiting for the kernel to give the connection up, about 15 minutes later.
+    commandTimeout: c.JETGATE_DEPENDENCY_TIMEOUT_MS,
     // Reconnect forever with a capped backoff; callers see errors while it is down and retry.
     retryStrategy: (times) => Math.min(50 * times, 1000),
     ...(tls ? { tls } : {}),
