@@ -22,9 +22,8 @@ import {
 } from "../protocol/index.js";
 import { ProcessStatsSchema, collectStats, type RedisClient, type RegistryClient } from "../protocol/io/index.js";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { bearerMatches } from "./bearer.js";
+import { FailedAuthThrottle, bearerMatches } from "./bearer.js";
 import { ADMIN_CSS, ADMIN_HTML, ADMIN_JS } from "./admin-page.js";
-import { TokenBucket } from "./rate-limit.js";
 
 /** How long the console waits for processes' stats answers. */
 const STATS_WAIT_MS = 500;
@@ -32,11 +31,6 @@ const STATS_WAIT_MS = 500;
 const READ_DEADLINE_MS = 1500;
 /** One state serves every poll within this long (tabs poll every 2 s). */
 const STATE_TTL_MS = 1500;
-/** Wrong tokens per client address: a burst of 10, then one every 6 s. */
-const FAILED_AUTH_BURST = 10;
-const FAILED_AUTH_PER_S = 1 / 6;
-/** Client addresses tracked for wrong tokens; the oldest is forgotten past this. */
-const MAX_TRACKED_CLIENTS = 10_000;
 
 const StreamHeadSchema = z.object({
   shard: z.number().int(),
@@ -142,35 +136,6 @@ export function sharedState(read: () => Promise<AdminState>, ttlMs = STATE_TTL_M
     state.catch(() => (last = undefined));
     return state;
   };
-}
-
-/** Wrong-token budgets by client address: one that keeps guessing is told to wait (429). */
-export class FailedAuthThrottle {
-  private readonly buckets = new Map<string, TokenBucket>();
-
-  constructor(
-    private readonly burst = FAILED_AUTH_BURST,
-    private readonly perS = FAILED_AUTH_PER_S,
-    private readonly maxClients = MAX_TRACKED_CLIENTS,
-  ) {}
-
-  /** Seconds to wait before the next attempt, or 0 when this client may try now. */
-  waitS(client: string, now: number): number {
-    const b = this.buckets.get(client);
-    if (b === undefined || b.peek(now) >= 1) return 0;
-    return Math.ceil((1 - b.peek(now)) / this.perS);
-  }
-
-  /** A wrong token from `client`. */
-  failed(client: string, now: number): void {
-    let b = this.buckets.get(client);
-    if (b === undefined) {
-      if (this.buckets.size >= this.maxClients) this.buckets.delete(this.buckets.keys().next().value!);
-      b = new TokenBucket(this.burst, this.perS, now);
-      this.buckets.set(client, b);
-    }
-    b.take(now);
-  }
 }
 
 const SECURITY_HEADERS: [string, string][] = [

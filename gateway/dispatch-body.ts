@@ -212,9 +212,15 @@ function parseJson(raw: Buffer): { ok: true; json: unknown } | { ok: false; erro
   }
 }
 
+/** The field an issue is about: its path, and for an unknown key that key (`{"x": 1}` names `x`). */
+export function issueField(issue: z.core.$ZodIssue): string {
+  const path = issue.code === "unrecognized_keys" && issue.keys.length > 0 ? [...issue.path, issue.keys[0]!] : issue.path;
+  return path.join(".");
+}
+
 function firstIssue(error: z.ZodError): { ok: false; error: string; field?: string } {
   const issue = error.issues[0]!;
-  const field = issue.path.join(".");
+  const field = issueField(issue);
   return { ok: false, error: `${field || "request"}: ${issue.message}`, ...(field ? { field } : {}) };
 }
 

@@ -109,6 +109,10 @@ function dispatchOperation(batch: boolean): Json {
         `Bad input, nothing published: \`error\` is \`<field>: <reason>\` and \`field\` names ${fieldPath}. Also as soon as the bytes show a shape no request has (nested too deep, more than 8 fields, more than ${MAX_RECIPIENTS} recipients), and for a body that is not JSON (no \`field\`).`,
       ),
       "401": error("Missing or wrong bearer token."),
+      "429": {
+        ...error("Too many wrong bearer tokens from this client address (10, then one every 6 s, counted with the users API's): try again after Retry-After seconds. Nothing was read or appended."),
+        headers: { "Retry-After": { description: "Seconds to wait.", schema: { type: "integer", minimum: 1 } } },
+      },
       "413": error(
         `Nothing appended. Over the largest valid request: ${maxDispatchBodyBytes(0)} + 6 x JETGATE_MAX_BODY_BYTES bytes, by Content-Length before reading or counted as the body arrives; or appending more than JETGATE_DISPATCH_MAX_BYTES (16 MiB by default): recipients x body bytes${batch ? ", summed over the dispatches" : ""}. Split the request.`,
       ),

@@ -24,7 +24,7 @@ import {
 import { type Dispatcher } from "../protocol/io/index.js";
 import { BATCH_SHAPE, DispatchShapeGuard, SINGLE_SHAPE, maxDispatchBodyBytes, parseDispatchBatch, parseDispatchBody, type DispatchAnswerJson, type DispatchErrorJson, type DispatchResultJson, type ParsedDispatch } from "./dispatch-body.js";
 import { openApiJson } from "./openapi.js";
-import { bearerMatches } from "./bearer.js";
+import { FailedAuthThrottle, bearerMatches } from "./bearer.js";
 import { serveAdmin, type AdminSource } from "./admin.js";
 import { serveUsersApi, type UsersApiDeps } from "./users-api.js";
 import type { SessionPorts, Transport } from "./ports.js";
@@ -99,21 +99,21 @@ export function startServer(
     sendPingsAutomatically: true,
     upgrade: (res, req, context) => {
       if (!upgrades) {
-        res.writeStatus("503 Service Unavailable").end("draining");
+        jsonAnswer(res, "503 Service Unavailable", { error: "draining: connect to another gateway" }, { "retry-after": "1" });
         return;
       }
       // a session's AUTH would wait on the silent dependency; connected devices keep their sessions
       const down = unavailable();
       if (down.length > 0) {
         ctx.metrics.refusedUpgrades.inc({ reason: "dependency" });
-        res.writeStatus("503 Service Unavailable").end(`dependency not answering: ${down.join(", ")}`);
+        jsonAnswer(res, "503 Service Unavailable", { error: `dependency not answering: ${down.join(", ")}` }, { "retry-after": "2" });
         return;
       }
       const ip = clientAddress(res, req);
       const open = perIp.get(ip) ?? 0;
       if (ipLimit > 0 && open >= ipLimit) {
         ctx.metrics.refusedUpgrades.inc({ reason: "per_ip" });
-        res.writeStatus("429 Too Many Requests").end("too many connections from this address");
+        jsonAnswer(res, "429 Too Many Requests", { error: "too many connections from this address (JETGATE_MAX_CONNS_PER_IP)" }, { "retry-after": "5" });
         return;
       }
       // counted from the upgrade, so a burst of handshakes cannot pass the limit before `open`
@@ -148,12 +148,15 @@ export function startServer(
   });
 
   const maxDispatchBody = maxDispatchBodyBytes(config.JETGATE_MAX_BODY_BYTES);
+  // wrong service tokens, per client address: the dispatch and users APIs share the token
+  const serviceThrottle = new FailedAuthThrottle();
   for (const [path, batch] of [["/v1/dispatch", false], ["/v1/dispatch/batch", true]] as const) {
     app.post(path, (res, req) => {
       // headers are readable only inside this handler
       const auth = req.getHeader("authorization");
       const declared = req.getHeader("content-length");
-      handleDispatch(res, { auth, declared, maxBody: maxDispatchBody, batch }, config, ctx, dispatcher);
+      const client = clientAddress(res, req);
+      handleDispatch(res, { auth, declared, maxBody: maxDispatchBody, batch, client, throttle: serviceThrottle }, config, ctx, dispatcher);
     });
   }
   // public (no token): it says nothing about this deployment; serialized once, not per request
@@ -161,8 +164,11 @@ export function startServer(
   app.get("/v1/openapi.json", (res) => void res.writeHeader("content-type", "application/json").end(openapi));
   if (config.JETGATE_DEMO_DIR !== undefined && config.JETGATE_ENV === "development") serveDemo(app, config, config.JETGATE_DEMO_DIR);
   if (admin !== undefined) serveAdmin(app, config, admin, clientAddress);
-  if (usersApi !== undefined) serveUsersApi(app, usersApi);
-  app.any("/*", (res) => void res.writeStatus("404 Not Found").end("not found\n"));
+  if (usersApi !== undefined) serveUsersApi(app, usersApi, clientAddress, serviceThrottle);
+  app.any("/*", (res, req) => {
+    const what = `${req.getCaseSensitiveMethod()} ${req.getUrl()}`.slice(0, 200);
+    jsonAnswer(res, "404 Not Found", { error: `no such route: ${what} (the API is described at GET /v1/openapi.json)` });
+  });
 
   return new Promise((resolve, reject) => {
     app.listen(config.JETGATE_GATEWAY_HOST, config.JETGATE_GATEWAY_PORT, (listenSocket) => {
@@ -226,6 +232,15 @@ function reply(res: Uws.HttpResponse, aborted: () => boolean, status: string, bo
   });
 }
 
+/** A JSON answer written at once (no await before it: the request is still in its handler). */
+function jsonAnswer(res: Uws.HttpResponse, status: string, body: { error: string }, headers: Record<string, string> = {}): void {
+  res.cork(() => {
+    res.writeStatus(status).writeHeader("content-type", "application/json");
+    for (const [k, v] of Object.entries(headers)) res.writeHeader(k, v);
+    res.end(`${JSON.stringify(body)}\n`);
+  });
+}
+
 /** A dispatch's HTTP answer; its body is one of the shapes docs/openapi.json documents. */
 interface Answer {
   status: string;
@@ -235,7 +250,7 @@ interface Answer {
 
 function handleDispatch(
   res: Uws.HttpResponse,
-  req: { auth: string; declared: string; maxBody: number; batch: boolean },
+  req: { auth: string; declared: string; maxBody: number; batch: boolean; client: string; throttle: FailedAuthThrottle },
   config: Config,
   ctx: SessionPorts,
   dispatcher: Dispatcher,
@@ -251,7 +266,14 @@ function handleDispatch(
     done("503 Service Unavailable", { error: "the dispatch API is disabled: set JETGATE_SERVICE_TOKEN" });
     return;
   }
+  const now = Date.now();
+  const wait = req.throttle.waitS(req.client, now);
+  if (wait > 0) {
+    done("429 Too Many Requests", { error: `too many wrong tokens from this address: try again in ${wait} s` }, { "retry-after": String(wait) });
+    return;
+  }
   if (!bearerMatches(req.auth, token)) {
+    req.throttle.failed(req.client, now);
     done("401 Unauthorized", { error: "missing or wrong bearer token" });
     return;
   }

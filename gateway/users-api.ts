@@ -24,7 +24,8 @@ import {
   type RedisKeys,
 } from "../protocol/index.js";
 import { scripted, type RedisClient } from "../protocol/io/index.js";
-import { bearerMatches } from "./bearer.js";
+import { bearerMatches, type FailedAuthThrottle } from "./bearer.js";
+import { issueField } from "./dispatch-body.js";
 import {
   DisconnectMode,
   ReasonSchema,
@@ -162,12 +163,16 @@ class ApiError extends Error {
   }
 }
 
-/** Serves the users API on `app`. */
-export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps): void {
+/**
+ * Serves the users API on `app`. `throttle` counts wrong service tokens per client address
+ * (`clientAddress`), shared with the dispatch API: the same token opens both.
+ */
+export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps, clientAddress: (res: Uws.HttpResponse, req: Uws.HttpRequest) => string, throttle: FailedAuthThrottle): void {
   const bucket = new TokenBucket(d.config.JETGATE_USERS_API_RATE_PER_S, d.config.JETGATE_USERS_API_RATE_PER_S, Date.now());
   const route = (method: "get" | "post", path: string, handle: (req: { user?: string; body: unknown; query: URLSearchParams }) => Promise<Answer>) => {
     app[method](path, (res, req) => {
       const auth = req.getHeader("authorization");
+      const client = clientAddress(res, req);
       const query = new URLSearchParams(req.getQuery() ?? "");
       let user = path.includes(":user") ? req.getParameter(0) : undefined;
       const declared = req.getHeader("content-length");
@@ -187,7 +192,7 @@ export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps): void {
         done({ status: "500 Internal Server Error", body: { error: "internal error" } });
       };
       try {
-        admit(d.config, auth, bucket);
+        admit(d.config, auth, bucket, { client, throttle });
         if (user !== undefined) user = checkId("user", pathId(user), "user");
         if (declared !== "" && Number(declared) > MAX_USERS_API_BODY) throw new ApiError("413 Payload Too Large", `request body over ${MAX_USERS_API_BODY} bytes`);
       } catch (err) {
@@ -364,12 +369,21 @@ export function userLookups(d: Pick<UsersApiDeps, "nc" | "redis" | "keys" | "reg
   };
 }
 
-/** The service token, then the rate: 503 without a service token, 401 with a wrong one, 429 past the rate. */
-function admit(config: Config, auth: string, bucket: TokenBucket): void {
+/**
+ * The service token, then the rate: 503 without a service token, 429 (Retry-After) for an address
+ * that sent too many wrong tokens, 401 with a wrong one, 429 past the rate.
+ */
+function admit(config: Config, auth: string, bucket: TokenBucket, from: { client: string; throttle: FailedAuthThrottle }): void {
   const token = config.JETGATE_SERVICE_TOKEN;
   if (token === undefined) throw new ApiError("503 Service Unavailable", "the users API is disabled: set JETGATE_SERVICE_TOKEN");
-  if (!bearerMatches(auth, token)) throw new ApiError("401 Unauthorized", "missing or wrong bearer token");
-  if (!bucket.take(Date.now())) throw new ApiError("429 Too Many Requests", `over JETGATE_USERS_API_RATE_PER_S (${config.JETGATE_USERS_API_RATE_PER_S}) requests per second on this gateway`, undefined, { "retry-after": "1" });
+  const now = Date.now();
+  const wait = from.throttle.waitS(from.client, now);
+  if (wait > 0) throw new ApiError("429 Too Many Requests", `too many wrong tokens from this address: try again in ${wait} s`, undefined, { "retry-after": String(wait) });
+  if (!bearerMatches(auth, token)) {
+    from.throttle.failed(from.client, now);
+    throw new ApiError("401 Unauthorized", "missing or wrong bearer token");
+  }
+  if (!bucket.take(now)) throw new ApiError("429 Too Many Requests", `over JETGATE_USERS_API_RATE_PER_S (${config.JETGATE_USERS_API_RATE_PER_S}) requests per second on this gateway`, undefined, { "retry-after": "1" });
 }
 
 function checkId(kind: "user" | "device", value: string, field: string): string {
@@ -391,7 +405,7 @@ function parse<T>(schema: z.ZodType<T>, body: unknown): T {
   const r = schema.safeParse(body);
   if (r.success) return r.data;
   const issue = r.error.issues[0]!;
-  const field = issue.path.join(".");
+  const field = issueField(issue);
   throw new ApiError("400 Bad Request", `${field === "" ? "body" : field}: ${issue.message}`, field === "" ? undefined : field);
 }
 

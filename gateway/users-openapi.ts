@@ -24,8 +24,8 @@ function common(extra: Record<string, unknown> = {}): Record<string, unknown> {
     "400": error("Bad input (a path or body field; `field` names it), or a body that is not JSON. Nothing was done."),
     "401": error("Missing or wrong bearer token (JETGATE_SERVICE_TOKEN)."),
     "413": error(`A request body over ${MAX_USERS_API_BODY} bytes.`),
-    "429": { ...error("Over JETGATE_USERS_API_RATE_PER_S requests per second on this gateway; retry after Retry-After."), headers: retryAfter },
-    "503": { ...error("The API is off (JETGATE_SERVICE_TOKEN not set), or a dependency did not answer (the message says which; retry after Retry-After)."), headers: retryAfter },
+    "429": { ...error("Over JETGATE_USERS_API_RATE_PER_S requests per second on this gateway, or too many wrong bearer tokens from this client address (10, then one every 6 s, counted with the dispatch API's); retry after Retry-After."), headers: retryAfter },
+    "503": { ...error("The API is off (JETGATE_SERVICE_TOKEN not set), or a dependency did not answer within JETGATE_DEPENDENCY_TIMEOUT_MS (the message says which; retry after Retry-After)."), headers: retryAfter },
     ...extra,
   };
 }
