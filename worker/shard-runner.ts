@@ -12,12 +12,13 @@
  * bumps it, as after a crash.
  */
 import type { Logger } from "pino";
-import { registryRecord, releaseEpoch, type Config, type TakeoverPlan } from "../protocol/index.js";
+import type { Config, TakeoverPlan } from "../protocol/index.js";
 import { EpochGuard } from "./epoch-guard.js";
 import type { WorkerMetrics } from "./metrics.js";
 import { ShardBatches } from "./shard-batch.js";
 import type { Deliveries, MailboxStore, PushSink, RegistryView, ShardLog } from "./shard-ports.js";
 import { pump } from "./shard-pump.js";
+import { writeRelease, type ReleaseOutcome, type Stopped } from "./release.js";
 import { takeShard } from "./takeover.js";
 
 export type RunnerState =
@@ -49,7 +50,6 @@ export interface RunnerDeps {
   config: RunnerConfig;
 }
 
-export type ReleaseOutcome = { outcome: "released" | "fenced" | "failed"; epoch?: number; offset: number; error?: string };
 
 const TAKEN: Record<TakeoverPlan["mode"], string> = {
   claim: "shard taken over (claimed the epoch)",
@@ -167,44 +167,26 @@ export class ShardRunner {
     await this.loop;
   }
 
+  /** Stops after the takeover and the batch in hand, for a release: the epoch it worked under and the last offset done. */
+  async stopForRelease(reason: string): Promise<Stopped> {
+    this.stopRequested = true;
+    await this.starting;
+    const epoch = this.epoch;
+    await this.stop(reason);
+    return { shard: this.shard, epoch, offset: this.offset };
+  }
+
   /**
    * A planned stop: stops after the batch in hand, then records that this runner's epoch is given
    * back at the last offset done, so the next owner resumes it without a new epoch. `released`
    * once the record is acknowledged; `fenced` when the registry no longer shows this runner as
    * the epoch's owner; `failed` when the record could not be written within `timeoutMs` (NATS
    * away): the epoch stays claimed and the next owner bumps it. Either way nothing more is pushed.
+   * A worker giving back several shards at once writes one record for all (worker/release.ts).
    */
   async release(reason: string, timeoutMs: number): Promise<ReleaseOutcome> {
-    this.stopRequested = true;
-    await this.starting;
-    const epoch = this.epoch;
-    await this.stop(reason);
-    const offset = this.offset;
-    if (epoch === undefined) return { outcome: "fenced", offset };
-    const worker = this.d.workerId;
-    let timer: NodeJS.Timeout | undefined;
-    try {
-      const write = this.d.registry.update((state) => {
-        const s = state.shards.get(this.shard);
-        if (s === undefined || s.epoch !== epoch || s.owner !== worker) return null;
-        return registryRecord("release", worker, [releaseEpoch(s, worker, offset)]);
-      });
-      // a write that answers after the timeout must not become an unhandled rejection
-      write.catch(() => undefined);
-      const timeout = new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new Error(`no answer from the registry within ${timeoutMs} ms`)), timeoutMs);
-      });
-      const written = await Promise.race([write, timeout]);
-      if (written === null) return { outcome: "fenced", epoch, offset };
-      // appended, but applied? (a registry of an older version refuses the record)
-      const now = written.state.shards.get(this.shard);
-      if (now?.epoch !== epoch || now.owner !== null || now.released_offset !== offset) return { outcome: "failed", epoch, offset, error: "the release record was not applied" };
-      return { outcome: "released", epoch, offset };
-    } catch (err) {
-      return { outcome: "failed", epoch, offset, error: (err as Error).message };
-    } finally {
-      clearTimeout(timer);
-    }
+    const stopped = await this.stopForRelease(reason);
+    return (await writeRelease(this.d.registry, this.d.workerId, [stopped], timeoutMs)).get(this.shard)!;
   }
 
   /**

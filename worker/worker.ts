@@ -14,6 +14,7 @@ import { writeRefusal } from "../protocol/io/index.js";
 import { Leases } from "./leases.js";
 import { shardRunnerDeps, type WorkerDeps } from "./shard-adapters.js";
 import { ShardRunner } from "./shard-runner.js";
+import { writeRelease, type ReleaseOutcome } from "./release.js";
 
 export interface WorkerOptions {
   leaseMs: number;
@@ -140,7 +141,8 @@ export class Worker {
       }
     } else if (this.runners.size > target) {
       const worst = [...this.runners.keys()].sort((a, b) => rendezvous(me, a).localeCompare(rendezvous(me, b)))[0]!;
-      await this.release(worst, "rebalancing");
+      // beside the tick: a release waiting on the registry must not hold the other leases' renewals
+      this.background(this.release([worst], "rebalancing"));
     }
   }
 
@@ -171,11 +173,12 @@ export class Worker {
     this.deps.metrics.lease.set({ shard: String(shard) }, 0);
     await this.leases.release(shard).catch(() => undefined);
     if (runner === undefined) return;
-    const stopping = runner.stop(reason).finally(() => this.stopping.delete(stopping));
-    this.stopping.add(stopping);
+    this.background(runner.stop(reason));
   }
 
   private readonly stopping = new Set<Promise<void>>();
+  /** When each held lease was last taken or renewed (a lease found expired: was this worker late?). */
+  private readonly renewedAt = new Map<number, number>();
   private beats = 0;
   /** The worker set's marker at this worker's last beat, and the one it last settled for. */
   private seenSince: number | undefined;
@@ -185,6 +188,7 @@ export class Worker {
   private async run(shard: number, jsm: JetStreamManager): Promise<void> {
     const runner = new ShardRunner(shard, shardRunnerDeps(this.deps, jsm, shard));
     this.runners.set(shard, runner);
+    this.renewedAt.set(shard, Date.now());
     this.deps.metrics.lease.set({ shard: String(shard) }, 1);
     await runner.start();
   }
@@ -207,12 +211,17 @@ export class Worker {
         failed = true;
         continue;
       }
+      const last = this.renewedAt.get(shard);
+      const now = Date.now();
+      if (outcome !== "lost") this.renewedAt.set(shard, now);
       if (outcome === "lost") {
         this.deps.log.warn({ shard }, "lease lost to another worker");
         await this.drop(shard, "lease lost");
       } else if (outcome === "reacquired") {
-        // say which: renewals that failed until it expired, or a Redis that lost the key
-        if (failing !== undefined) this.deps.log.warn({ shard, failedMs: Date.now() - failing.since, cause: failing.message }, "lease expired while its renewals failed: taken again");
+        // say which: renewals that failed until it expired, a renewal this worker made too late,
+        // or a Redis that lost the key
+        if (failing !== undefined) this.deps.log.warn({ shard, failedMs: now - failing.since, cause: failing.message }, "lease expired while its renewals failed: taken again");
+        else if (last !== undefined && now - last >= this.opts.leaseMs) this.deps.log.warn({ shard, sinceRenewalMs: now - last, leaseMs: this.opts.leaseMs }, "lease expired before this worker renewed it (its renewals were held up): taken again");
         else this.deps.log.warn({ shard }, "lease vanished (Redis lost the key: a flush, a restart without persistence, an eviction): taken again");
       }
     }
@@ -259,23 +268,35 @@ export class Worker {
   }
 
   /**
-   * A planned handoff: the runner stops after its batch and gives its epoch back in the registry,
-   * then the lease goes. If the release cannot be written (NATS away, a fence first) the lease goes
-   * all the same: the shard is left to the fenced path (the next owner bumps), never half-released.
+   * A planned handoff: the runners stop after their batches and give their epochs back in one
+   * registry record (worker/release.ts), then the leases go. If the release cannot be written (NATS
+   * away, a fence first) the leases go all the same: those shards are left to the fenced path (the
+   * next owner bumps), never half-released.
    */
-  private async release(shard: number, reason: string): Promise<void> {
-    const runner = this.runners.get(shard);
-    this.runners.delete(shard);
-    this.deps.metrics.lease.set({ shard: String(shard) }, 0);
-    if (runner !== undefined) {
-      const r = await runner.release(reason, RELEASE_TIMEOUT_MS);
+  private async release(shards: number[], reason: string): Promise<void> {
+    const runners: ShardRunner[] = [];
+    for (const shard of shards) {
+      const runner = this.runners.get(shard);
+      this.runners.delete(shard);
+      this.deps.metrics.lease.set({ shard: String(shard) }, 0);
+      if (runner !== undefined) runners.push(runner);
+    }
+    const stopped = await Promise.all(runners.map((r) => r.stopForRelease(reason)));
+    const outcomes = stopped.length === 0 ? new Map<number, ReleaseOutcome>() : await writeRelease(this.deps.registry, this.deps.workerId, stopped, RELEASE_TIMEOUT_MS);
+    for (const [shard, r] of outcomes) {
       this.deps.metrics.releases.inc({ shard: String(shard), outcome: r.outcome });
       const at = { shard, epoch: r.epoch, offset: r.offset, reason };
       if (r.outcome === "released") this.deps.log.info(at, "shard released: the next owner resumes its epoch");
       else if (r.outcome === "fenced") this.deps.log.info(at, "shard not released: it was no longer this worker's epoch");
       else this.deps.log.warn({ ...at, err: r.error }, "shard not released (the registry write failed): the next owner fences it with a new epoch");
     }
-    await this.leases.release(shard).catch(() => undefined);
+    await Promise.all(shards.map((shard) => this.leases.release(shard).catch(() => undefined)));
+  }
+
+  /** Work beside the ticks (a release): the worker's stop waits for it. */
+  private background(work: Promise<void>): void {
+    const p = work.finally(() => this.stopping.delete(p));
+    this.stopping.add(p);
   }
 
   private observing: Promise<void> | undefined;
@@ -306,8 +327,8 @@ export class Worker {
     clearInterval(this.timer);
     clearInterval(this.observer);
     await this.ticking;
-    await Promise.all([...this.runners.keys()].map((shard) => this.release(shard, "worker stopping")));
     await Promise.all(this.stopping);
+    await this.release([...this.runners.keys()], "worker stopping");
     await this.leases.leave().catch(() => undefined);
     this.statusValue = { type: "stopped" };
   }

@@ -30,6 +30,7 @@ import type { ApplyEntryResult, BatchEntry, BatchShared } from "../../worker/mai
 import { WorkerMetrics } from "../../worker/metrics.js";
 import type { DeliveredMsg, Deliveries, LogMsg, MailboxStore, PushSink, RegistryView, ShardLog } from "../../worker/shard-ports.js";
 import { ShardRunner, type RunnerConfig } from "../../worker/shard-runner.js";
+import { writeRelease } from "../../worker/release.js";
 
 const SHARD = 0;
 const LOG = "logA";
@@ -634,4 +635,39 @@ test("shard runner - release outcomes: fenced when the epoch is no longer this w
       assert.ok(r.registry.shard().epoch >= epochBefore);
     });
   }
+});
+
+test("worker release - shards given back at once go in one record: each released at its offset; one fenced meanwhile is left out; no answer fails them all", async (t) => {
+  const owned = () => initialShards(3, ["l0", "l1", "l2"]).map((s) => ({ ...s, owner: "w1" }));
+  await t.test("one record for all, a fenced one left out", async () => {
+    const reg = new MemRegistry(owned());
+    const seqBefore = reg.state.seq;
+    reg.writeRemote(operatorBump(reg.shard(2), 7));
+    const got = await writeRelease(reg, "w1", [{ shard: 0, epoch: 0, offset: 5 }, { shard: 1, epoch: 0, offset: 9 }, { shard: 2, epoch: 0, offset: 6 }], 1000);
+    assert.deepEqual(Object.fromEntries(got), {
+      0: { outcome: "released", epoch: 0, offset: 5 },
+      1: { outcome: "released", epoch: 0, offset: 9 },
+      2: { outcome: "fenced", epoch: 0, offset: 6 },
+    });
+    assert.equal(reg.state.seq, seqBefore + 2, "the operator's bump, then one release record");
+    assert.deepEqual([0, 1].map((s) => [reg.shard(s).owner, reg.shard(s).released_offset]), [[null, 5], [null, 9]]);
+    assert.equal(reg.shard(2).epoch, 1);
+  });
+  await t.test("a runner that never ran is fenced; nothing of this worker's: nothing written", async () => {
+    const reg = new MemRegistry(owned());
+    const seqBefore = reg.state.seq;
+    const got = await writeRelease(reg, "w2", [{ shard: 0, epoch: 0, offset: 5 }, { shard: 1, epoch: undefined, offset: 0 }], 1000);
+    assert.deepEqual([...got.values()].map((o) => o.outcome), ["fenced", "fenced"]);
+    assert.equal(reg.state.seq, seqBefore);
+  });
+  await t.test("the registry does not answer: every one failed, the epochs stay claimed", async () => {
+    const reg = new MemRegistry(owned());
+    reg.silent = true;
+    const got = await writeRelease(reg, "w1", [{ shard: 0, epoch: 0, offset: 5 }, { shard: 1, epoch: 0, offset: 9 }], 30);
+    for (const o of got.values()) {
+      assert.equal(o.outcome, "failed");
+      assert.match(o.error ?? "", /no answer from the registry within 30 ms/);
+    }
+    assert.equal(reg.shard(0).owner, "w1");
+  });
 });
