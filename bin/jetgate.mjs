@@ -14,8 +14,10 @@ mod.cli(process.argv.slice(2)).then(
     if (code >= 0) process.exit(code);
   },
   (err) => {
-    const known = ["ConfigError", "UsageError", "OperationError", "NatsServerTooOldError"].includes(err?.name);
-    console.error(known ? err.message : err);
+    const known = ["ConfigError", "UsageError", "OperationError", "NatsServerTooOldError", "LocalStackError"].includes(err?.name);
+    // one line; the stack trace only when asked for (JETGATE_LOG_LEVEL=debug)
+    const debug = ["debug", "trace"].includes(process.env.JETGATE_LOG_LEVEL ?? "");
+    console.error(known || !debug ? (known ? err.message : `jetgate: ${err?.message ?? String(err)}`) : err);
     // 64: bad usage (EX_USAGE); 2: the operation was refused or cannot go on; 1: anything else
     process.exit(err?.name === "UsageError" ? 64 : err?.name === "OperationError" ? 2 : 1);
   },

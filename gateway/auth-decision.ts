@@ -93,6 +93,18 @@ export function positionIn(shard: ShardState, epoch: number, log: string, seq: M
   return { at: start > seq ? start : seq, sameLog: false };
 }
 
+/**
+ * The user's head, at most the newest seq of the shard's stream. A watermark beyond it can only be
+ * a stale cache (a Redis that outlived the log it described: a new deployment beside an old Redis),
+ * never a place to continue from: the session would stand beyond every entry of the log, and its
+ * next rebase would be refused. A bound read a moment ago may be below a head that is real: that
+ * costs a few entries sent again (devices dedup by message_id), never one skipped.
+ */
+function headWithin(head: MailboxSeq, shard: ShardState, lastOffset: number): MailboxSeq {
+  const newest = lastOffset === 0 ? 0n : (deriveSeq(shard, shard.log, lastOffset) ?? head);
+  return head > newest ? newest : head;
+}
+
 export function decideAuth(input: AuthInput): AuthDecision {
   const { registry, userShard } = input;
   const shard = registry.shards.get(userShard);
@@ -103,7 +115,8 @@ export function decideAuth(input: AuthInput): AuthDecision {
     return b;
   };
   const here = current(shard);
-  const expired = (trim: MailboxSeq, reason: string): AuthDecision => ({ case: "expired", ...here, from: input.head > trim ? input.head : trim, trim, reason });
+  const head = headWithin(input.head, shard, bounds(shard.shard).lastOffset);
+  const expired = (trim: MailboxSeq, reason: string): AuthDecision => ({ case: "expired", ...here, from: head > trim ? head : trim, trim, reason });
   const invalid = (check: InvalidCheck, reason: string): AuthDecision => ({ case: "invalid", ...here, from: 0n, check, reason });
 
   let cursor = input.cursor;
@@ -167,8 +180,9 @@ function decideSplit(
     const why = parentOf(input.registry, target) === undefined ? "" : " (its shard was split, but not from the cursor's)";
     return { case: "invalid", ...here, from: 0n, check: "no_route", reason: `no split leads from shard ${cursorShard.shard} to shard ${target.shard} for this user${why}` };
   }
+  const head = headWithin(input.head, target, bounds(target.shard).lastOffset);
   const expired = (trim: MailboxSeq, where: number): AuthDecision => ({
-    case: "expired", ...here, from: input.head > trim ? input.head : trim, trim,
+    case: "expired", ...here, from: head > trim ? head : trim, trim,
     reason: `entries of shard ${where} after the cursor were removed by retention`,
   });
   // each hop's retention: the device must still be able to get all of every range

@@ -206,8 +206,12 @@ export const envSchema = z.object({
   JETGATE_MAX_BACKPRESSURE: int(64 * 1024, 256 * 1024 * 1024, 1024 * 1024),
   JETGATE_DRAIN_MS: int(0, 600_000, 10_000),
   JETGATE_ALLOW_UWS_FALLBACK: bool(false),
-  /** `npm start` may install nats-server/redis-server with apt-get when they are missing. */
+  /** `npm start` may install redis-server with apt-get when it is missing. */
   JETGATE_START_INSTALL: bool(true),
+  /** Where built tools are kept (the pinned nats-server): default `$XDG_CACHE_HOME/jetgate`, else `~/.cache/jetgate`. */
+  JETGATE_CACHE_DIR: optionalStr,
+  /** Where `npm start` keeps its stack (NATS and Redis data, stack.json) and the tools look for it: default `.jetgate/` in the checkout. */
+  JETGATE_STACK_DIR: optionalStr,
   /** Local mode only: serve the demo page (index.html, jetgate.js) from this dir at /demo/. */
   JETGATE_DEMO_DIR: optionalStr,
   JETGATE_GATEWAY_ID: optionalStr.pipe(z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, "must be 1..64 of A-Z a-z 0-9 _ -").optional()),

@@ -1,6 +1,8 @@
 /**
  * `npm run dispatch -- --to <user>[,<user>...] --text <text> [--lane <lane>]`: appends one entry to
- * each recipient's mailbox through the Dispatcher (the same library backends use).
+ * each recipient's mailbox through the Dispatcher (the same library backends use). NATS is the one
+ * JETGATE_NATS_URL names, else the running `npm start` stack's (protocol/io/local-stack.ts).
+ * Whatever fails is said in one line, without a stack trace.
  */
 import { randomBytes } from "node:crypto";
 import {
@@ -11,10 +13,11 @@ import {
   usageError,
   DispatchValidationError,
 } from "../protocol/index.js";
-import { Dispatcher, RegistryClient, connectNats } from "../protocol/io/index.js";
+import { Dispatcher, RegistryClient, connectNats, withLocalStack } from "../protocol/io/index.js";
 
 const USAGE = `usage: npm run dispatch -- --to <user>[,<user>...] --text <text> [--lane <lane>]
-  appends one entry to each recipient's mailbox (NATS and the lanes from the environment: docs/config.md)`;
+  appends one entry to each recipient's mailbox; NATS and the lanes are the running npm start
+  stack's, or the environment's (JETGATE_NATS_URL, JETGATE_LANES: docs/config.md)`;
 
 async function main(): Promise<number> {
   const { values } = parseFlags({
@@ -22,8 +25,10 @@ async function main(): Promise<number> {
     strict: true,
   }, USAGE);
   if (values.to === undefined || values.text === undefined) usageError("--to and --text are required", USAGE);
-  const config = loadConfig(process.env, "tool");
-  const nc = await connectNats(config, "jetgate-dispatch");
+  const config = loadConfig(withLocalStack(process.env), "tool");
+  const nc = await connectNats(config, "jetgate-dispatch").catch((err: unknown) => {
+    throw new Error(`cannot reach NATS at ${config.JETGATE_NATS_URL.join(",")}: ${(err as Error).message}`);
+  });
   const registry = await RegistryClient.open(nc);
   const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: config.JETGATE_LANES, ackTimeoutMs: 2000, attempts: 3 });
   try {
@@ -47,7 +52,8 @@ async function main(): Promise<number> {
 main().then(
   (code) => process.exit(code),
   (err: unknown) => {
-    console.error(err instanceof ConfigError || err instanceof DispatchValidationError ? err.message : err);
+    // one line that names the cause: a config error, bad input, no stack, NATS away or too old
+    console.error(err instanceof ConfigError || err instanceof DispatchValidationError ? err.message : `dispatch: ${err instanceof Error ? err.message : String(err)}`);
     process.exit(err instanceof DispatchValidationError ? 64 : 1);
   },
 );

@@ -5,10 +5,11 @@
  * checkout, once per machine: later runs and checkouts reuse it. `npm test` (scripts/test-deps.sh)
  * and `npm start` call `ensurePinnedNatsServer`; the test harness only reads `pinnedNatsServerPath`.
  *
- * `node --import tsx scripts/pinned.ts install` builds it (when missing) and prints its path.
+ * `node --import tsx scripts/pinned.ts install` builds it (when missing) and prints its path; the
+ * build says what it builds, why and how long it takes, and that it still runs every 10 s.
  */
-import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync } from "node:fs";
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdirSync, mkdtempSync, renameSync, rmSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -26,13 +27,40 @@ export function pinnedNatsServerPath(env: NodeJS.ProcessEnv = process.env): stri
   return join(cacheDir(env), `nats-server-${NATS_SERVER_VERSION}`, "nats-server");
 }
 
+/** Seconds between the lines that say a long step is still going. */
+const HEARTBEAT_S = 10;
+
+/**
+ * Runs a long command, saying every HEARTBEAT_S seconds that it still runs and for how long; its
+ * own output goes to `log` (shown only when it fails).
+ */
+export function runLong(what: string, cmd: string, args: string[], env: NodeJS.ProcessEnv, say: (msg: string) => void): Promise<void> {
+  const t0 = Date.now();
+  return new Promise((resolve, reject) => {
+    const p = spawn(cmd, args, { env, stdio: ["ignore", "pipe", "pipe"] });
+    let out = "";
+    p.stdout.on("data", (d: Buffer) => (out += d.toString()));
+    p.stderr.on("data", (d: Buffer) => (out += d.toString()));
+    const beat = setInterval(() => say(`  ... still ${what} (${Math.round((Date.now() - t0) / 1000)} s)`), HEARTBEAT_S * 1000);
+    p.once("error", (err) => {
+      clearInterval(beat);
+      reject(err);
+    });
+    p.once("exit", (code) => {
+      clearInterval(beat);
+      if (code === 0) resolve();
+      else reject(new Error(`${what} failed (exit ${code}):\n${out.trim().split("\n").slice(-15).join("\n")}`));
+    });
+  });
+}
+
 /** The pinned nats-server's path, built first when missing; throws naming what to install when Go is not there. */
-export function ensurePinnedNatsServer(log: (msg: string) => void = () => {}): string {
+export async function ensurePinnedNatsServer(log: (msg: string) => void = () => {}): Promise<string> {
   const bin = pinnedNatsServerPath();
   if (existsSync(bin)) return bin;
   const go = spawnSync("go", ["version"], { encoding: "utf8" });
   const install = `install Go >= 1.26 (https://go.dev/dl/; nats-server 2.15 needs it) or set NATS_SERVER_BIN to a nats-server >= 2.12.1`;
-  if (go.status !== 0) {
+  if (go.error !== undefined || go.status !== 0) {
     throw new Error(`nats-server ${NATS_SERVER_VERSION} is built with Go (go install ${NATS_MODULE}@${NATS_SERVER_VERSION}), and go is not on the PATH: ${install}`);
   }
   // Go 1.21+ fetches the 1.26 toolchain nats-server asks for; an older one (Debian bookworm's 1.19) cannot
@@ -42,13 +70,19 @@ export function ensurePinnedNatsServer(log: (msg: string) => void = () => {}): s
   }
   const dir = join(cacheDir(), `nats-server-${NATS_SERVER_VERSION}`);
   mkdirSync(dir, { recursive: true });
-  log(`building nats-server ${NATS_SERVER_VERSION} into ${dir} (go install, once per machine; about a minute)`);
-  const r = spawnSync("go", ["install", `${NATS_MODULE}@${NATS_SERVER_VERSION}`], {
-    stdio: ["ignore", "inherit", "inherit"],
+  log(`building nats-server ${NATS_SERVER_VERSION} (jetgate needs 2.12.1 or later: atomic batch publish) with ${go.stdout.trim().replace(/^go version /, "")}`);
+  log(`  go install ${NATS_MODULE}@${NATS_SERVER_VERSION} into ${dir}: once per machine, about 1-2 minutes on 2 cores`);
+  const t0 = Date.now();
+  // built in a folder of its own, then moved: two builds at once (npm test beside npm start) never see half a binary
+  const tmp = mkdtempSync(join(dir, ".build-"));
+  try {
     // CGO off: a static binary, and no C compiler needed
-    env: { ...process.env, GOBIN: dir, CGO_ENABLED: "0" },
-  });
-  if (r.status !== 0 || !existsSync(bin)) throw new Error(`go install ${NATS_MODULE}@${NATS_SERVER_VERSION} failed (exit ${r.status})`);
+    await runLong("building nats-server", "go", ["install", `${NATS_MODULE}@${NATS_SERVER_VERSION}`], { ...process.env, GOBIN: tmp, CGO_ENABLED: "0" }, log);
+    renameSync(join(tmp, "nats-server"), bin);
+  } finally {
+    rmSync(tmp, { recursive: true, force: true });
+  }
+  log(`built nats-server ${NATS_SERVER_VERSION} in ${Math.round((Date.now() - t0) / 1000)} s`);
   return bin;
 }
 
@@ -57,10 +91,11 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
     console.error("usage: node --import tsx scripts/pinned.ts install");
     process.exit(2);
   }
-  try {
-    console.log(ensurePinnedNatsServer((m) => console.error(m)));
-  } catch (err) {
-    console.error(err instanceof Error ? err.message : String(err));
-    process.exit(1);
-  }
+  ensurePinnedNatsServer((m) => console.error(m)).then(
+    (bin) => console.log(bin),
+    (err: unknown) => {
+      console.error(err instanceof Error ? err.message : String(err));
+      process.exit(1);
+    },
+  );
 }

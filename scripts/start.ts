@@ -1,224 +1,279 @@
 /**
  * `npm start`: the whole stack on one machine, for trying jetgate out.
  *
- * 1. nats-server (JetStream) and redis-server: used when reachable at JETGATE_NATS_URL /
- *    JETGATE_REDIS_URL (NATS only when it is 2.12.1 or later), else started as child processes with
- *    their data in a temp dir: the pinned nats-server (scripts/pinned.ts, built with go install once
- *    per machine), Debian's redis-server (installed with apt-get when missing and we may: root,
- *    apt-get present, JETGATE_START_INSTALL not false).
- * 2. `registry init`, one worker, one gateway (child processes).
- * 3. A demo device (the SDK, in this process) for user `demo`, printing every entry it receives.
- * Ctrl-C stops everything. Send it entries with `npm run dispatch -- --to demo --text hello`.
- * `--state-dir <dir>` keeps the demo device's cursor there (default .jetgate/ in the checkout).
+ * 1. NATS and Redis: its own (scripts/start-servers.ts), their data in the stack dir (`.jetgate/` in
+ *    the checkout, or $JETGATE_STACK_DIR), so a second `npm start` resumes the same mailboxes;
+ *    `--fresh` starts clean. Servers named in JETGATE_NATS_URL / JETGATE_REDIS_URL are used instead.
+ * 2. `registry init`, one worker, one gateway (child processes), with a service token and a console
+ *    token of the stack's own (kept across restarts).
+ * 3. `<stack dir>/stack.json`: where everything is, for `npm run dispatch`, the `jetgate` CLI and the
+ *    benchmark's local mode (protocol/io/local-stack.ts); then the greeting.
+ * 4. A demo device (the SDK, in this process) for user `demo`, printing every entry it receives;
+ *    its cursor is kept in the stack dir beside the mailboxes it points into.
+ * Ctrl-C stops the device, the gateway and the worker, then NATS and Redis, a line each.
  */
-import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { existsSync, mkdtempSync, rmSync } from "node:fs";
-import { createConnection, createServer } from "node:net";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { spawn, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { join, relative } from "node:path";
 import { fileURLToPath } from "node:url";
 import WebSocket from "ws";
 import { SignJWT } from "jose";
-import { connect } from "@nats-io/transport-node";
-import { loadConfig, natsVersionProblem, parseFlags, seqLabel, ConfigError, type Config } from "../protocol/index.js";
-import { Dispatcher, RegistryClient, connectNats } from "../protocol/io/index.js";
+import { loadConfig, parseFlags, seqLabel, ConfigError, type Config } from "../protocol/index.js";
+import { Dispatcher, RegistryClient, connectNats, processAlive, readLocalStack, runningStack, stackDir, writeLocalStack, type LocalStack } from "../protocol/io/index.js";
 import { initRegistry } from "../worker/registry-init.js";
 import { JetgateClient, type WebSocketFactory } from "../client/index.js";
 import { FileCursorStore } from "../client/node.js";
 import { buildSdk } from "./build-sdk.js";
-import { NATS_SERVER_VERSION, ensurePinnedNatsServer } from "./pinned.js";
+import { ChildOutput, greeting, say } from "./start-output.js";
+import { checkExternalNats, checkExternalRedis, natsSpec, portFor, reachable, redisSpec, storeId, waitUntil, type ServerSpec } from "./start-servers.js";
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url));
-const children: ChildProcess[] = [];
-const say = (msg: string) => console.log(`[start] ${msg}`);
+const DEMO_USER = "demo";
 
-function reachable(host: string, port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = createConnection({ host, port });
-    s.setTimeout(1000);
-    s.once("connect", () => (s.destroy(), resolve(true)));
-    s.once("timeout", () => (s.destroy(), resolve(false)));
-    s.once("error", () => resolve(false));
-  });
+const USAGE = `usage: npm start [-- --fresh]
+  the whole stack on this machine: nats-server and redis-server (its own, their data in .jetgate/
+  or $JETGATE_STACK_DIR; or the ones JETGATE_NATS_URL / JETGATE_REDIS_URL name), one worker, one
+  gateway and a demo device for user demo. A second npm start resumes the same mailboxes.
+  Send entries with: npm run dispatch -- --to demo --text hello. Settings: docs/config.md
+  --fresh   remove the stack's data first (mailboxes, caches, the demo device's cursor) and start clean`;
+
+interface Child {
+  name: string;
+  proc: ChildProcess;
+  out: ChildOutput;
+  exited: Promise<void>;
 }
 
-function which(bin: string, extra: string[] = []): string | undefined {
-  for (const p of [...extra, ...(process.env.PATH ?? "").split(":").map((d) => join(d, bin))]) if (existsSync(p)) return p;
-  return undefined;
+const children: Child[] = [];
+let stopping = false;
+let pidFile: string | undefined;
+
+function recordPids(): void {
+  if (pidFile === undefined) return;
+  writeFileSync(pidFile, JSON.stringify(children.flatMap((c) => (c.proc.pid === undefined ? [] : [c.proc.pid]))));
 }
 
-function ensureInstalled(bin: string, pkg: string, allowed: boolean, extra: string[] = []): string {
-  const found = which(bin, extra);
-  if (found) return found;
-  const mayInstall = allowed && process.getuid?.() === 0 && which("apt-get") !== undefined;
-  if (!mayInstall) {
-    throw new Error(`${bin} is not installed and not reachable. Install it (Debian/Ubuntu: sudo apt-get install -y ${pkg}) or point JETGATE_REDIS_URL at a running one.`);
+/** Ends what a run killed outright (SIGKILL, a crash) left running, from its pid file. */
+function endLeftovers(file: string): void {
+  let pids: unknown;
+  try {
+    pids = JSON.parse(readFileSync(file, "utf8"));
+  } catch {
+    return;
   }
-  say(`installing ${pkg} with apt-get`);
-  spawnSync("apt-get", ["update", "-qq"], { stdio: "inherit" });
-  const r = spawnSync("apt-get", ["install", "-y", "-qq", pkg], { stdio: "inherit", env: { ...process.env, DEBIAN_FRONTEND: "noninteractive" } });
-  const after = which(bin, extra);
-  if (r.status !== 0 || !after) throw new Error(`could not install ${pkg} (apt-get exit ${r.status})`);
-  return after;
-}
-
-function child(name: string, cmd: string, args: string[], env: NodeJS.ProcessEnv): ChildProcess {
-  const p = spawn(cmd, args, { cwd: ROOT, env, stdio: ["ignore", "pipe", "pipe"] });
-  const prefix = (d: Buffer) => {
-    for (const line of d.toString().split("\n")) if (line.trim()) console.log(`[${name}] ${line}`);
-  };
-  p.stdout?.on("data", prefix);
-  p.stderr?.on("data", prefix);
-  p.on("exit", (code, signal) => {
-    if (!stopping) say(`${name} exited (${signal ?? code})`);
-  });
-  children.push(p);
-  return p;
-}
-
-async function waitUntil(what: string, check: () => Promise<boolean>, ms = 30_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (await check()) return;
-    await new Promise((r) => setTimeout(r, 200));
-  }
-  throw new Error(`${what} did not come up within ${ms / 1000} s`);
-}
-
-/** The version of the nats-server answering at `url`; undefined when it does not answer as one. */
-async function natsVersionAt(url: string): Promise<string | undefined> {
-  const nc = await connect({ servers: url, reconnect: false, timeout: 2000 }).catch(() => undefined);
-  if (nc === undefined) return undefined;
-  const v = nc.info?.version;
-  await nc.close().catch(() => undefined);
-  return v;
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const port = (srv.address() as { port: number }).port;
-      srv.close(() => resolve(port));
-    });
-  });
+  const alive = (Array.isArray(pids) ? pids : []).filter((p): p is number => Number.isInteger(p) && processAlive(p as number));
+  if (alive.length === 0) return;
+  say(`ending ${alive.length} process(es) the last npm start left running (pids ${alive.join(", ")})`);
+  for (const p of alive) process.kill(p, "SIGKILL");
 }
 
 /**
- * NATS and Redis for the stack: a running one when it answers (NATS only when new enough), else
- * one started here. Returns the NATS URL to use, which differs from the configured one when a
- * server there was too old and the pinned one was started beside it.
+ * A child in a process group of its own: Ctrl-C reaches this process alone, which stops the
+ * children in order (NATS last, so the worker can still give its shards back). Their pids are
+ * kept in the stack dir, so a run killed outright leaves nothing the next one does not end.
  */
-async function infrastructure(config: Config, dir: string): Promise<string> {
-  const nats = new URL(config.JETGATE_NATS_URL[0]!);
-  const redis = new URL(config.JETGATE_REDIS_URL[0]!);
-  let natsPort = Number(nats.port || 4222);
-  const redisPort = Number(redis.port || 6379);
-  let natsUrl = config.JETGATE_NATS_URL[0]!;
-  let start = true;
-  if (await reachable(nats.hostname, natsPort)) {
-    const version = await natsVersionAt(natsUrl);
-    const problem = natsVersionProblem(version);
-    if (problem === undefined) {
-      say(`using NATS at ${nats.host} (nats-server ${version})`);
-      start = false;
-    } else {
-      natsPort = await freePort();
-      natsUrl = `nats://${nats.hostname}:${natsPort}`;
-      say(`not using NATS at ${nats.host}: ${problem}; starting the pinned nats-server ${NATS_SERVER_VERSION} on ${natsPort} instead`);
-    }
-  }
-  if (start) {
-    const bin = ensurePinnedNatsServer(say);
-    say(`starting nats-server ${NATS_SERVER_VERSION} (JetStream) on ${natsPort}, data in ${dir}`);
-    child("nats", bin, ["-a", nats.hostname, "-p", String(natsPort), "-js", "-sd", join(dir, "nats")], process.env);
-    await waitUntil("nats-server", () => reachable(nats.hostname, natsPort));
-  }
-  if (await reachable(redis.hostname, redisPort)) say(`using Redis at ${redis.host}`);
-  else {
-    const bin = ensureInstalled("redis-server", "redis-server", config.JETGATE_START_INSTALL);
-    say(`starting redis-server on ${redisPort}`);
-    child("redis", bin, ["--port", String(redisPort), "--bind", redis.hostname, "--dir", dir, "--save", "", "--appendonly", "no"], process.env);
-    await waitUntil("redis-server", () => reachable(redis.hostname, redisPort));
-  }
-  return natsUrl;
+function child(name: string, cmd: string, args: string[], env: NodeJS.ProcessEnv, logDir: string): Child {
+  const proc = spawn(cmd, args, { cwd: ROOT, env, stdio: ["ignore", "pipe", "pipe"], detached: true });
+  const out = new ChildOutput(name, logDir, () => stopping);
+  proc.stdout?.on("data", (d: Buffer) => out.write(d));
+  proc.stderr?.on("data", (d: Buffer) => out.write(d));
+  const exited = new Promise<void>((resolve) => {
+    proc.once("exit", (code, signal) => {
+      if (!stopping) say(`${name} exited (${signal ?? code}); its log: ${join(logDir, `${name}.log`)}`);
+      out.close();
+      resolve();
+    });
+    proc.once("error", (err) => {
+      say(`${name} could not run: ${err.message}`);
+      resolve();
+    });
+  });
+  const c = { name, proc, out, exited };
+  children.push(c);
+  recordPids();
+  return c;
 }
 
-const USAGE = `usage: npm start [-- --state-dir <dir>]
-  the whole stack on this machine: nats-server and redis-server (started when not reachable at
-  JETGATE_NATS_URL / JETGATE_REDIS_URL), one worker, one gateway and a demo device for user demo;
-  send it entries with: npm run dispatch -- --to demo --text hello. Settings: docs/config.md
-  --state-dir <dir>   where the demo device keeps its cursor (default .jetgate/ in the checkout)`;
+/** Stops the children in order (devices' gateway and the worker first, then NATS and Redis), a line each. */
+async function stopAll(): Promise<void> {
+  const stopOne = async (c: Child) => {
+    const t0 = Date.now();
+    if (c.proc.exitCode === null && c.proc.signalCode === null) {
+      c.proc.kill("SIGTERM");
+      const killer = setTimeout(() => c.proc.kill("SIGKILL"), 3000);
+      await c.exited;
+      clearTimeout(killer);
+    }
+    say(`stopped ${c.name} (${((Date.now() - t0) / 1000).toFixed(1)} s)`);
+  };
+  const infra = new Set(["nats", "redis"]);
+  await Promise.all(children.filter((c) => !infra.has(c.name)).map(stopOne));
+  await Promise.all(children.filter((c) => infra.has(c.name)).map(stopOne));
+}
 
-let stopping = false;
+async function startServer(spec: ServerSpec, logDir: string): Promise<void> {
+  child(spec.name, spec.bin, spec.args, process.env, logDir);
+  await waitUntil(spec.name === "nats" ? "nats-server" : "redis-server", () => reachable("127.0.0.1", spec.port));
+}
+
+/** Removes what a stack dir holds of the last run (the logs stay). */
+function fresh(dir: string): void {
+  const gone = ["nats", "redis", "demo-cursor.json", "stack.json"].filter((f) => existsSync(join(dir, f)));
+  for (const f of gone) rmSync(join(dir, f), { recursive: true, force: true });
+  say(gone.length > 0 ? `--fresh: removed the last run's ${gone.join(", ")} from ${dir}; starting clean` : `--fresh: nothing to remove in ${dir}; starting clean`);
+}
+
+/**
+ * NATS and Redis (its own, or the environment's), and the settings every process of the stack gets.
+ * Ports, tokens and the Redis prefix are the last run's where it left them.
+ */
+async function infrastructure(dir: string, last: LocalStack | undefined, mayInstall: boolean, logDir: string): Promise<Record<string, string>> {
+  const lastPort = (url: string | undefined) => (url === undefined ? undefined : Number(new URL(url).port) || undefined);
+  const out: Record<string, string> = {};
+  const externalNats = process.env.JETGATE_NATS_URL;
+  if (externalNats !== undefined) {
+    await checkExternalNats(externalNats.split(",")[0]!);
+  } else {
+    const spec = await natsSpec(dir, await portFor(lastPort(last?.env.JETGATE_NATS_URL)));
+    say(`starting nats-server (JetStream) on 127.0.0.1:${spec.port}, its store in ${join(dir, "nats")}`);
+    await startServer(spec, logDir);
+    out.JETGATE_NATS_URL = `nats://127.0.0.1:${spec.port}`;
+  }
+  const externalRedis = process.env.JETGATE_REDIS_URL;
+  if (externalRedis !== undefined) {
+    await checkExternalRedis(externalRedis.split(",")[0]!);
+    // someone else's Redis beside our own store: keys of this store only (a --fresh store never reads the last one's)
+    if (externalNats === undefined && process.env.JETGATE_REDIS_PREFIX === undefined) out.JETGATE_REDIS_PREFIX = `jg-${storeId(dir)}`;
+  } else {
+    const spec = redisSpec(dir, await portFor(lastPort(last?.env.JETGATE_REDIS_URL)), mayInstall);
+    say(`starting redis-server on 127.0.0.1:${spec.port}, its data in ${join(dir, "redis")}`);
+    await startServer(spec, logDir);
+    out.JETGATE_REDIS_URL = `redis://127.0.0.1:${spec.port}`;
+  }
+  return out;
+}
 
 async function main(): Promise<void> {
-  const { values } = parseFlags({ options: { "state-dir": { type: "string", default: join(ROOT, ".jetgate") } }, strict: true }, USAGE);
-  const env: NodeJS.ProcessEnv = { JETGATE_LOG_LEVEL: "warn", JETGATE_DEMO_DIR: join(ROOT, "client", "demo"), ...process.env };
-  let config = loadConfig(env);
-  const dir = mkdtempSync(join(tmpdir(), "jetgate-start-"));
-  const demo: { client?: JetgateClient } = {};
-  const stop = async (code: number) => {
-    if (stopping) return;
-    stopping = true;
-    say("stopping");
-    await demo.client?.close();
-    for (const c of [...children].reverse()) c.kill("SIGTERM");
-    await Promise.all(children.map((c) => new Promise((r) => (c.exitCode !== null || c.signalCode !== null ? r(null) : c.once("exit", r)))));
-    rmSync(dir, { recursive: true, force: true });
-    process.exit(code);
-  };
+  const { values } = parseFlags({ options: { fresh: { type: "boolean", default: false } }, strict: true }, USAGE);
+  const dir = stackDir(process.env);
+  const shown = relative(process.cwd(), dir) || ".";
+  const running = runningStack(dir);
+  if (running !== undefined) {
+    throw new Error(`a jetgate stack already runs from ${shown} (npm start pid ${running.pid}, since ${running.startedAt}): use it (its URLs are in ${join(shown, "stack.json")}), stop it with Ctrl-C in its terminal, or give this one another JETGATE_STACK_DIR`);
+  }
+  mkdirSync(dir, { recursive: true });
+  pidFile = join(dir, "pids.json");
+  endLeftovers(pidFile);
+  process.on("exit", () => {
+    for (const c of children) if (c.proc.exitCode === null && c.proc.signalCode === null) c.proc.kill("SIGKILL");
+  });
+  if (values.fresh) fresh(dir);
+  const logDir = join(dir, "logs");
+  const last = readLocalStack(dir);
+  const resumed = existsSync(join(dir, "nats"));
+  const startConfig = loadConfig({ ...process.env }, "tool");
+
   process.on("SIGINT", () => void stop(0));
   process.on("SIGTERM", () => void stop(0));
-
+  const infra = await infrastructure(dir, last, startConfig.JETGATE_START_INSTALL, logDir);
+  // the stack's own tokens, kept across restarts (a bookmarked console keeps working)
+  const stackEnv: Record<string, string> = {
+    JETGATE_SERVICE_TOKEN: last?.env.JETGATE_SERVICE_TOKEN ?? randomBytes(18).toString("base64url"),
+    JETGATE_ADMIN_TOKEN: last?.env.JETGATE_ADMIN_TOKEN ?? randomBytes(18).toString("base64url"),
+    ...infra,
+  };
+  const env: NodeJS.ProcessEnv = {
+    JETGATE_LOG_LEVEL: "warn",
+    JETGATE_DEMO_DIR: join(ROOT, "client", "demo"),
+    // a local stack has nobody to drain for: Ctrl-C ends it at once
+    JETGATE_DRAIN_MS: "0",
+    ...stackEnv,
+    ...process.env,
+  };
+  const config = loadConfig(env);
   await buildSdk();
-  const natsUrl = await infrastructure(config, dir);
-  if (natsUrl !== config.JETGATE_NATS_URL[0]) {
-    env.JETGATE_NATS_URL = natsUrl;
-    config = loadConfig(env);
-  }
   const nc = await connectNats(config, "jetgate-start");
-  const report = await initRegistry(nc, { ...config, shards: config.JETGATE_SHARDS, by: "npm-start" });
-  say(report.layoutWritten ? `registry initialised with ${report.shards} shards` : `registry already has ${report.shards} shards`);
-  const node = [process.execPath, "--import", "tsx"];
-  child("worker", node[0]!, [...node.slice(1), "worker/main.ts"], env);
-  child("gateway", node[0]!, [...node.slice(1), "gateway/main.ts"], env);
-  const port = config.JETGATE_GATEWAY_PORT;
-  const opsPort = config.JETGATE_GATEWAY_METRICS_PORT;
-  await waitUntil("the gateway", async () => (await fetch(`http://127.0.0.1:${opsPort}/readyz`).catch(() => undefined))?.ok === true);
-  say(`gateway ready: ws://127.0.0.1:${port}/v1/ws   demo page: http://127.0.0.1:${port}/demo/?user=demo   metrics: http://127.0.0.1:${opsPort}/metrics`);
+  try {
+    const report = await initRegistry(nc, { ...config, shards: config.JETGATE_SHARDS, by: "npm-start" });
+    say(report.layoutWritten ? `registry initialised with ${report.shards} shards` : `registry of ${report.shards} shards found: resuming`);
+    const node = [process.execPath, "--import", "tsx"];
+    child("worker", node[0]!, [...node.slice(1), "worker/main.ts"], env, logDir);
+    child("gateway", node[0]!, [...node.slice(1), "gateway/main.ts"], env, logDir);
+    const stack = stackRecord(config, env);
+    await waitUntil("the gateway", async () => (await fetch(`http://127.0.0.1:${config.JETGATE_GATEWAY_METRICS_PORT}/readyz`).catch(() => undefined))?.ok === true);
+    writeLocalStack(dir, stack);
+    console.log(greeting({ dir: shown, devices: stack.devices, demo: stack.demo, console: stack.console, adminToken: config.JETGATE_ADMIN_TOKEN!, metrics: stack.metrics, http: stack.http, serviceToken: config.JETGATE_SERVICE_TOKEN!, user: DEMO_USER, resumed }));
+    await startDemo(config, dir);
+    if (report.layoutWritten) await welcome(nc, config);
+  } finally {
+    await nc.close();
+  }
+}
 
+function stackRecord(config: Config, env: NodeJS.ProcessEnv): LocalStack {
+  const http = `http://127.0.0.1:${config.JETGATE_GATEWAY_PORT}`;
+  const keep = ["JETGATE_NATS_URL", "JETGATE_REDIS_URL", "JETGATE_REDIS_PREFIX", "JETGATE_LANES", "JETGATE_SERVICE_TOKEN", "JETGATE_ADMIN_TOKEN", "JETGATE_JWT_SECRET", "JETGATE_CURSOR_KEYS"];
+  return {
+    v: 1,
+    pid: process.pid,
+    startedAt: new Date().toISOString(),
+    nats: config.JETGATE_NATS_URL.join(","),
+    redis: config.JETGATE_REDIS_URL.join(","),
+    devices: `ws://127.0.0.1:${config.JETGATE_GATEWAY_PORT}/v1/ws`,
+    http,
+    demo: `${http}/demo/?user=${DEMO_USER}`,
+    console: `${http}/admin/`,
+    metrics: `http://127.0.0.1:${config.JETGATE_GATEWAY_METRICS_PORT}/metrics`,
+    env: Object.fromEntries(keep.flatMap((k) => (env[k] !== undefined ? [[k, env[k]]] : []))),
+  };
+}
+
+let demo: JetgateClient | undefined;
+
+async function startDemo(config: Config, dir: string): Promise<void> {
   const secret = new TextEncoder().encode(config.JETGATE_JWT_SECRET!);
-  const user = "demo";
   const client = new JetgateClient({
-    url: `ws://127.0.0.1:${port}/v1/ws`,
+    url: `ws://127.0.0.1:${config.JETGATE_GATEWAY_PORT}/v1/ws`,
     device: "demo-device",
-    token: () => new SignJWT({}).setProtectedHeader({ alg: "HS256" }).setSubject(user).setExpirationTime("1h").sign(secret),
-    store: new FileCursorStore(join(values["state-dir"], "demo-cursor.json")),
+    token: () => new SignJWT({}).setProtectedHeader({ alg: "HS256" }).setSubject(DEMO_USER).setIssuedAt().setExpirationTime("1h").sign(secret),
+    store: new FileCursorStore(join(dir, "demo-cursor.json")),
     WebSocket: WebSocket as unknown as WebSocketFactory,
-    onEntry: (e) => console.log(`[demo] seq=${seqLabel(e.seq)} lane=${e.lane} id=${e.id} body=${JSON.stringify(new TextDecoder().decode(e.b))}`),
-    onRebuild: ({ trimWatermark }) => console.log(`[demo] cursor expired (entries up to ${trimWatermark} were removed): rebuilding`),
+    onEntry: (e) => console.log(`[demo] seq ${seqLabel(e.seq)} lane=${e.lane} id=${e.id} body=${JSON.stringify(new TextDecoder().decode(e.b))}`),
+    onRebuild: ({ trimWatermark }) => console.log(`[demo] cursor expired (entries up to ${seqLabel(trimWatermark)} were removed): rebuilding`),
   });
   client.on((e) => {
     if (e.type === "synced") console.log(`[demo] synced at seq ${seqLabel(e.seq)}; live`);
-    if (e.type === "rebased") console.log(`[demo] cursor rebased: replay from ${e.replayFrom}`);
+    if (e.type === "rebased") console.log(`[demo] cursor rebased: replay from ${seqLabel(e.replayFrom)}`);
+    if (e.type === "cursor_invalid") console.log("[demo] its cursor is not one this stack gave out: starting over from the mailbox's start");
     if (e.type === "closed" && !stopping) console.log(`[demo] connection closed (${e.code}); reconnecting`);
   });
-  demo.client = client;
+  demo = client;
   await client.start();
+}
 
+async function welcome(nc: Awaited<ReturnType<typeof connectNats>>, config: Config): Promise<void> {
   const registry = await RegistryClient.open(nc);
   const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: config.JETGATE_LANES });
   const id = `welcome-${Date.now()}`;
-  await dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: config.JETGATE_LANES[0]!, recipients: [user], body: new TextEncoder().encode("welcome to jetgate") });
+  await dispatcher.dispatch({ dispatch_id: id, message_id: id, lane: config.JETGATE_LANES[0]!, recipients: [DEMO_USER], body: new TextEncoder().encode("welcome to jetgate") });
   dispatcher.close();
   await registry.close();
-  say(`send more: npm run dispatch -- --to ${user} --text "hello"     (Ctrl-C stops everything)`);
 }
 
-main().catch((err: unknown) => {
+async function stop(code: number): Promise<void> {
+  if (stopping) return;
+  stopping = true;
+  say("stopping");
+  await demo?.close();
+  if (demo !== undefined) say("stopped the demo device");
+  await stopAll();
+  process.exit(code);
+}
+
+main().catch(async (err: unknown) => {
   console.error(err instanceof ConfigError ? err.message : `[start] ${err instanceof Error ? err.message : String(err)}`);
-  for (const c of children) c.kill("SIGTERM");
+  stopping = true;
+  await stopAll();
   process.exit(1);
 });

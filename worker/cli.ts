@@ -1,6 +1,7 @@
 /**
- * The operator CLI, `jetgate <command>`. Settings come from the environment (docs/config.md);
- * flags override the few that a command takes.
+ * The operator CLI, `jetgate <command>`. Settings come from the environment (docs/config.md), or
+ * where it names no NATS, from the running `npm start` stack of this checkout
+ * (protocol/io/local-stack.ts); flags override the few that a command takes.
  *
  *   jetgate registry init [--shards N]   create the registry, shard streams and INGRESS (idempotent)
  *   jetgate registry show                print every shard's range, epoch, log and boundaries
@@ -11,7 +12,7 @@
  */
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import { ConfigError, bigintsAsStrings, loadConfig, wantsHelp, MAX_OFFSET, seqLabel } from "../protocol/index.js";
-import { RegistryClient, connectNats } from "../protocol/io/index.js";
+import { RegistryClient, connectNats, withLocalStack } from "../protocol/io/index.js";
 import { initRegistry } from "./registry-init.js";
 import { runWorker } from "./main.js";
 import { OperationError, failover, rebuildShard, setupReplica, splitShardOp, takeoverShard, type OpsContext } from "./shard-ops.js";
@@ -64,7 +65,7 @@ async function operate(argv: string[], out: (line: string) => void, status?: (li
     strict: true,
     allowPositionals: true,
   });
-  const config = loadConfig({ ...process.env }, "tool");
+  const config = loadConfig(withLocalStack({ ...process.env }), "tool");
   if ((group === "failover" || group === "replica") && values.to === undefined) throw new UsageError(`--to <nats-url> is required\n${USAGE}`);
   // failover runs against the deployment taking over; everything else against the configured one
   const nc = await connectNats(group === "failover" ? { ...config, JETGATE_NATS_URL: values.to!.split(",") } : config, "jetgate-cli");
@@ -136,7 +137,7 @@ ${USAGE}`);
     options: { shards: { type: "string" }, json: { type: "boolean", default: false } },
     strict: true,
   });
-  const env = { ...process.env };
+  const env = withLocalStack({ ...process.env });
   if (values.shards !== undefined) env.JETGATE_SHARDS = values.shards;
   const config = loadConfig(env, "tool");
   const nc = await connectNats(config, "jetgate-cli");

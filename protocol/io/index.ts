@@ -11,3 +11,4 @@ export * from "./process.js";
 export * from "./ops-http.js";
 export * from "./health.js";
 export * from "./ops-stats.js";
+export * from "./local-stack.js";

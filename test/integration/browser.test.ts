@@ -41,6 +41,8 @@ test("browser - the demo page connects, receives entries, and resumes without lo
   const page = await browser.newPage();
   const errors: string[] = [];
   page.on("pageerror", (e) => errors.push(e.message));
+  page.on("console", (m) => void (m.type() === "error" && errors.push(`console: ${m.text()}`)));
+  page.on("response", (r) => void (r.status() >= 400 && errors.push(`${r.status()} ${r.url()}`)));
   await page.goto(`http://127.0.0.1:${port}/demo/?user=web1`);
   const state = () => page.evaluate(() => document.getElementById("status")?.dataset.state);
   const ids = () => page.evaluate(() => Array.from(document.querySelectorAll("#entries li"), (li) => (li as HTMLElement).dataset.id));
@@ -50,6 +52,8 @@ test("browser - the demo page connects, receives entries, and resumes without lo
   };
   for (const id of ["w1", "w2", "w3"]) await send(id);
   await waitFor("three entries on the page", async () => (await ids()).length === 3, { timeoutMs: 30_000 });
+  // the status box is current: it counts the last entry too (it once lagged one behind)
+  await waitFor("the status counts all three", async () => (await page.evaluate(() => document.getElementById("status")!.dataset.applied)) === "3", { timeoutMs: 3000 });
   assert.match(await page.evaluate(() => document.querySelector("#entries li")!.textContent!), /hello w3/);
   assert.match(await page.evaluate(() => document.querySelector("#entries li")!.textContent!), /^seq \d+ \(\d+:\d+\) /, "the seq with its epoch:offset");
 

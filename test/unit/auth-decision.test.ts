@@ -283,3 +283,18 @@ test("auth - shardsInvolved names the cursor's shard, its ancestors, every hop a
     assert.ok(d.case !== undefined);
   }), { numRuns: 300 });
 });
+
+test("auth - a head beyond the stream's last offset (a Redis older than the log) is never where an expired session continues", () => {
+  // a new log at offset 1; Redis still says the user's head is 0:5 from the log it described before
+  const fresh = initialShards(2, ["logNew", "logZ"]) as [ShardState, ShardState];
+  const registry = state(...fresh);
+  const d = decideAuth(input(registry, c(0, "logOld", composeSeq(0, 5)), { head: composeSeq(0, 5), last: 1 }));
+  assert.equal(d.case, "expired");
+  assert.equal(d.from, composeSeq(0, 1), "at most the stream's newest seq");
+  // the session's position is then one a later rebase accepts: same epoch and log, within the stream
+  const after = decideAuth(input(registry, c(0, "logNew", d.from), { head: composeSeq(0, 5), last: 1 }));
+  assert.deepEqual([after.case, after.from], ["normal", composeSeq(0, 1)]);
+  // a head the bounds have not seen yet (read a moment earlier) costs a replay, never a skip
+  const behind = decideAuth(input(registry, c(0, "logOld", composeSeq(0, 5)), { head: composeSeq(0, 3), last: 2 }));
+  assert.equal(behind.from, composeSeq(0, 2));
+});
