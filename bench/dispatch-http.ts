@@ -6,7 +6,7 @@
  *
  *   npm run bench:dispatch-http -- [--runs 3] [--json]
  * SHAPES=1,3 runs some of the shapes (by index); MAX_BYTES sets the gateway's JETGATE_DISPATCH_MAX_BYTES;
- * NO_WORKER=1 runs no worker; JETGATE_HARNESS_DIST=1 runs the compiled build (npm run build first).
+ * NO_WORKER=1 runs no worker; HARNESS_DIST=1 runs the compiled build (npm run build first).
  */
 import { parseArgs } from "node:util";
 import { readFileSync } from "node:fs";

@@ -90,6 +90,10 @@ function table(el, head, rows) {
   el.replaceChildren(h("tr", {}, ...head.map((c) => h("th", {}, c))), ...rows.map((r) => h("tr", {}, ...r.map((c) => (c instanceof Node && c.tagName === "TD" ? c : h("td", {}, c))))));
 }
 const num = (v) => h("td", { class: "num" }, typeof v === "number" ? v.toLocaleString("en") : v);
+/** A seq (a decimal string) as people read it, as the CLI prints it: "17 (0:17)", epoch:offset. */
+const seqText = (s) => { const v = BigInt(s); return s + " (" + (v >> 48n).toLocaleString("en") + ":" + (v & 0xffffffffffffn) + ")"; };
+/** A hash range as the CLI prints it (protocol's rangeLabel): 0x00000000-0x7fffffff. */
+const rangeText = (r) => "0x" + r.lo.toString(16).padStart(8, "0") + "-0x" + r.hi.toString(16).padStart(8, "0");
 const pct = (f) => (f === 0 ? "0%" : f < 1e-5 ? "<0.001%" : (f * 100).toPrecision(2) + "%");
 const ago = (ms) => (ms < 90e3 ? Math.round(ms / 1e3) + " s" : ms < 90 * 60e3 ? Math.round(ms / 60e3) + " min" : Math.round(ms / 3600e3) + " h");
 
@@ -114,7 +118,7 @@ async function lookUp(user) {
     const body = await res.json();
     if (!res.ok) throw new Error(body.error || res.status);
     const m = body.mailbox;
-    $("user-mailbox").textContent = "shard " + m.shard + " · epoch " + m.epoch + " · log " + m.log + " · head " + m.head_label + " · trim " + m.trim + " · lanes " + Object.entries(m.lanes).map(([l, v]) => l + " " + v).join(", ");
+    $("user-mailbox").textContent = "shard " + m.shard + " · epoch " + m.epoch.toLocaleString("en") + " · log " + m.log + " · head " + m.head_label + " · trim " + seqText(m.trim) + " · lanes " + Object.entries(m.lanes).map(([l, v]) => l + " " + seqText(v)).join(", ");
     table($("user-presence"), ["device", "gateway", "live since"], body.presence.length === 0
       ? [["no live session", "", ""]]
       : body.presence.map((p) => [p.device, p.gateway, new Date(p.since).toLocaleString() + " (" + ago(Date.now() - p.since) + ")"]));
@@ -151,9 +155,9 @@ function render(st) {
       const width = s.range.hi - s.range.lo + 1;
       const owner = w ? w.worker : st.leases[String(s.shard)] || (s.owner === null ? (s.released_offset !== undefined ? "released at " + s.released_offset : "unclaimed") : s.owner || "none");
       return [
-        num(s.shard), s.status, s.status === "active" ? (width / 2 ** 32 * 100).toFixed(1) + "% (" + s.range.lo.toString(16) + ".." + s.range.hi.toString(16) + ")" : "-",
+        num(s.shard), s.status, s.status === "active" ? (width / 2 ** 32 * 100).toFixed(1) + "% (" + rangeText(s.range) + ")" : "-",
         owner, num(s.epoch),
-        h("td", {}, bar(logFrac(s.epoch + 1, st.limits.maxEpoch + 1), logFrac(1000, st.limits.maxEpoch + 1)), h("span", { class: "small" }, (s.epoch + 1) + " of 65,536")),
+        h("td", {}, bar(logFrac(s.epoch + 1, st.limits.maxEpoch + 1), logFrac(1000, st.limits.maxEpoch + 1)), h("span", { class: "small" }, (s.epoch + 1).toLocaleString("en") + " of 65,536")),
         s.log, num(head.last),
         h("td", {}, bar(logFrac(head.last, maxOffset), logFrac(maxOffset / 10, maxOffset)), h("span", { class: "small" }, pct(head.last / maxOffset))),
         h("td", {}, bar(lags[i] / maxLag, undefined, lags[i] > 0 ? "var(--warn)" : undefined), h("span", { class: "small" }, w ? lags[i].toLocaleString("en") : "no worker")),
@@ -168,7 +172,7 @@ function render(st) {
   table($("gateways"), ["gateway", "connections", "", "dependencies", "regressions", "up for"],
     gws.map((g) => [g.id, num(g.connections || 0), h("td", {}, bar((g.connections || 0) / maxConns)), deps(g), num(g.regressions), ago(now - g.startedAt)]));
   table($("workers"), ["worker", "shards (epoch, offset, lag)", "dependencies", "regressions", "up for"],
-    st.processes.filter((p) => p.kind === "worker").map((w) => [w.id, (w.shards || []).map((s) => s.shard + " (e" + s.epoch + ", " + s.offset + ", " + (s.lag ?? "?") + ")").join("  ") || "none", deps(w), num(w.regressions), ago(now - w.startedAt)]));
+    st.processes.filter((p) => p.kind === "worker").map((w) => [w.id, (w.shards || []).slice().sort((a, b) => a.shard - b.shard).map((s) => s.shard + " (epoch " + (s.epoch ?? "?").toLocaleString("en") + ", offset " + s.offset.toLocaleString("en") + ", lag " + (s.lag ?? "?").toLocaleString("en") + ")").join("  ") || "none", deps(w), num(w.regressions), ago(now - w.startedAt)]));
 }
 
 function timeline(shards) {
@@ -179,7 +183,7 @@ function timeline(shards) {
   const x = (epoch) => left + (epoch / maxEpoch) * (width - left - 40);
   const y = new Map(shards.map((s, i) => [s.shard, top + i * lane]));
   const svg = el("svg", { width: width, height: top + shards.length * lane + 10, role: "img", "aria-label": "epoch history" });
-  for (let e = 0; e <= maxEpoch; e += Math.max(1, Math.ceil(maxEpoch / 10))) svg.append(el("text", { x: x(e), y: 10, "text-anchor": "middle" }, "epoch " + e));
+  for (let e = 0; e <= maxEpoch; e += Math.max(1, Math.ceil(maxEpoch / 10))) svg.append(el("text", { x: x(e), y: 10, "text-anchor": "middle" }, "epoch " + e.toLocaleString("en")));
   for (const s of shards) {
     const yy = y.get(s.shard);
     svg.append(el("text", { x: 4, y: yy + 4 }, "shard " + s.shard));

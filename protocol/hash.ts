@@ -25,3 +25,17 @@ export function userHash(user: string): number {
   recent.set(user, h);
   return h;
 }
+
+/**
+ * A hash range as people read it, the same in the CLI and the console: both ends in hex, eight
+ * digits each (`0x00000000-0x7fffffff`), so the shares of a split line up.
+ */
+export function rangeLabel(range: { lo: number; hi: number }): string {
+  const hex = (v: number) => `0x${v.toString(16).padStart(8, "0")}`;
+  return `${hex(range.lo)}-${hex(range.hi)}`;
+}
+
+/** A count or an epoch as people read it: `65,535`. */
+export function countLabel(n: number): string {
+  return n.toLocaleString("en-US");
+}

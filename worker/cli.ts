@@ -11,7 +11,7 @@
  *   jetgate worker                       run a worker process
  */
 import { parseArgs, type ParseArgsConfig } from "node:util";
-import { ConfigError, bigintsAsStrings, loadConfig, wantsHelp, MAX_OFFSET, seqLabel } from "../protocol/index.js";
+import { ConfigError, bigintsAsStrings, countLabel, loadConfig, rangeLabel, wantsHelp, MAX_OFFSET, seqLabel } from "../protocol/index.js";
 import { RegistryClient, connectNats, withLocalStack } from "../protocol/io/index.js";
 import { initRegistry } from "./registry-init.js";
 import { runWorker } from "./main.js";
@@ -165,7 +165,7 @@ ${USAGE}`);
         // planned stop: the next worker resumes it), or the worker
         const released = s.released_offset !== undefined ? `, released at offset ${s.released_offset}` : "";
         const owner = s.owner === null ? `unclaimed${released}` : s.owner === undefined ? "claimed" : `claimed by ${s.owner}${released ? ` (resumed after a release at offset ${s.released_offset})` : ""}`;
-        out(`shard ${s.shard} ${s.status} range ${s.range.lo}..${s.range.hi} epoch ${s.epoch} log ${s.log} (${s.boundaries.length} boundaries, ${s.splits.length} splits; epoch ${owner})`);
+        out(`shard ${s.shard} ${s.status} range ${rangeLabel(s.range)} epoch ${countLabel(s.epoch)} log ${s.log} (${s.boundaries.length} boundaries, ${s.splits.length} splits; epoch ${owner})`);
         for (const b of s.boundaries) {
           out(`  epoch ${b.epoch} ${b.cause} log ${b.log} start_offset ${b.start_offset} start_seq ${seqLabel(b.start_seq)} prev_end_seq ${seqLabel(b.prev_end_seq)}`);
         }

@@ -13,6 +13,8 @@
 import type { NatsConnection } from "@nats-io/transport-node";
 import { jetstreamManager, type JetStreamManager, type StreamInfo } from "@nats-io/jetstream";
 import {
+  countLabel,
+  rangeLabel,
   registryRecord,
   seqLabel,
   JetgateError,
@@ -226,9 +228,9 @@ export async function splitShardOp(ctx: OpsContext, shard: number, opts: { child
     const p = state.shards.get(shard)!;
     const c = state.shards.get(child)!;
     const split = c.splits[0]!;
-    ctx.out(`shard ${shard}: split recorded; hashes ${moved.lo}..${moved.hi} move to shard ${child}`);
+    ctx.out(`shard ${shard}: split recorded; hashes ${rangeLabel(moved)} move to shard ${child}`);
     const pb = p.boundaries[p.boundaries.length - 1]!;
-    ctx.out(`  parent epoch ${parent.epoch} -> ${p.epoch}, keeps ${p.range.lo}..${p.range.hi}; split_at_seq ${seqLabel(split.split_at_seq)}`);
+    ctx.out(`  parent epoch ${countLabel(parent.epoch)} -> ${countLabel(p.epoch)}, keeps ${rangeLabel(p.range)}; split_at_seq ${seqLabel(split.split_at_seq)}`);
     ctx.out(`  parent boundary: epoch ${pb.epoch} from offset ${pb.start_offset} (seq ${seqLabel(pb.start_seq)}); offsets up to ${pb.start_offset - 1} stay the parent's for moved users`);
     ctx.out(`  child ${child} starts at epoch ${c.epoch}, seq ${seqLabel(split.child_start_seq)}, log ${c.log} (nothing is copied: the parent's worker forwards moved users' later entries)`);
   });

@@ -61,7 +61,7 @@ export class Worker {
 
   /** Shards this worker is running now, with their epochs, last offsets and lag (as last read). */
   owned(): { shard: number; epoch: number | undefined; offset: number; lag: number | undefined }[] {
-    return [...this.runners.values()].map((r) => ({ shard: r.shard, epoch: r.epoch, offset: r.offset, lag: this.lags.get(r.shard) }));
+    return [...this.runners.values()].sort((a, b) => a.shard - b.shard).map((r) => ({ shard: r.shard, epoch: r.epoch, offset: r.offset, lag: this.lags.get(r.shard) }));
   }
 
   private readonly lags = new Map<number, number>();

@@ -401,7 +401,7 @@ async function storm(sys: System, gens: Generators, perUser: number): Promise<Ro
 // unless BENCH_SOURCE=1 (the test suite's functional check: no build step)
 if (systems.includes("jetgate") && process.env.BENCH_SOURCE !== "1") {
   execFileSync("npm", ["run", "--silent", "build"], { stdio: ["ignore", "ignore", "inherit"] });
-  process.env.JETGATE_HARNESS_DIST = "1";
+  process.env.HARNESS_DIST = "1";
 }
 
 const rows: Row[] = [];

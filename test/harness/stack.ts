@@ -150,10 +150,10 @@ async function spawnJetgate(
 ): Promise<JetgateProcess> {
   const port = extra[portVar] !== undefined ? Number(extra[portVar]) : await freePort();
   const opsPort = opsPortVar === undefined ? port : extra[opsPortVar] !== undefined ? Number(extra[opsPortVar]) : await freePort();
-  // JETGATE_HARNESS_DIST=1 runs the compiled build (npm run build), as the container image does;
+  // HARNESS_DIST=1 runs the compiled build (npm run build), as the container image does;
   // benchmarks use it: tsx's transform gives every function expression an own `name` property,
   // which costs memory per closure that production code does not pay
-  const entry = process.env.JETGATE_HARNESS_DIST === "1" ? [`dist/${script.replace(/\.ts$/, ".js")}`] : ["--import", "tsx", script];
+  const entry = process.env.HARNESS_DIST === "1" ? [`dist/${script.replace(/\.ts$/, ".js")}`] : ["--import", "tsx", script];
   // `ip netns exec` execs the program: the child's pid is node's, so signals reach it
   const [bin, ...args] = [...(place?.wrap ?? []), process.execPath, ...nodeArgs, ...entry];
   const hosts = place === undefined ? { JETGATE_GATEWAY_HOST: "127.0.0.1" } : { JETGATE_GATEWAY_HOST: "0.0.0.0", JETGATE_METRICS_HOST: "0.0.0.0" };

@@ -131,9 +131,9 @@ test("cli - shard split: a run that stopped after the registry write is finished
   // a complete split run: the record and the stream, and a new child id
   const again = await runCli(infra.env, ["shard", "split", "0"]);
   assert.equal(again.code, 0, again.text);
-  assert.match(again.text, /split recorded; hashes \d+\.\.\d+ move to shard 6/);
+  assert.match(again.text, /split recorded; hashes 0x[0-9a-f]{8}-0x[0-9a-f]{8} move to shard 6/);
   // what it changed, seqs with their epoch:offset
-  assert.match(again.text, /parent epoch \d+ -> \d+, keeps \d+\.\.\d+; split_at_seq \d+ \(\d+:\d+\)/);
+  assert.match(again.text, /parent epoch \d+ -> \d+, keeps 0x[0-9a-f]{8}-0x[0-9a-f]{8}; split_at_seq \d+ \(\d+:\d+\)/);
   assert.match(again.text, /child 6 starts at epoch \d+, seq \d+ \(\d+:1\), log \S+/);
   assert.match(again.text, /parent boundary: epoch \d+ from offset \d+ \(seq \d+ \(\d+:\d+\)\); offsets up to \d+ stay the parent's for moved users/);
   assert.ok((await jsm.streams.info(shardStream(6))).config.subjects?.includes(shardSubjects(6)));

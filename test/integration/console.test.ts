@@ -1,7 +1,7 @@
 /**
  * The operator console against a real stack: off without JETGATE_ADMIN_TOKEN, the token required,
  * the state's shape, and in Chromium the page showing the registry, the processes, and a split done
- * with the CLI appearing. JETGATE_UPDATE_SCREENSHOTS=1 writes the screenshot docs/operations.md
+ * with the CLI appearing. UPDATE_SCREENSHOTS=1 writes the screenshot docs/operations.md
  * shows (docs/img/console.png); otherwise it goes to a temp dir.
  */
 import { test, after } from "node:test";
@@ -14,7 +14,7 @@ import { chromium, type Browser } from "playwright-core";
 import { UserLookupSchema } from "../../gateway/users-api.js";
 import { AdminStateSchema } from "../../gateway/admin.js";
 import { redisClient, startStack, spawnGateway, spawnWorker, type JetgateProcess } from "../harness/stack.js";
-import { OPS_STATS_SUBJECT } from "../../protocol/index.js";
+import { OPS_STATS_SUBJECT, rangeLabel } from "../../protocol/index.js";
 import { runCli } from "../harness/cli.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { waitFor } from "../harness/wait.js";
@@ -215,6 +215,9 @@ test("console - in Chromium: the token, the shards with their bars, the processe
   await page.click("button");
   await page.waitForSelector("#shards tr:nth-child(3)");
   assert.equal(await page.locator("#shards tr").count(), 3, "a header and two shards");
+  // ranges read as the CLI prints them
+  const range1 = stack.registry.state.shards.get(1)!.range;
+  assert.match(await page.textContent("#shards tr:nth-child(3)") ?? "", new RegExp(`\\(${rangeLabel(range1)}\\)`));
   await page.waitForFunction(() => document.querySelectorAll("#gateways tr").length === 3 && document.querySelectorAll("#workers tr").length === 3);
   await page.waitForFunction(() => Array.from(document.querySelectorAll("#gateways td.num")).some((td) => td.textContent === "2"));
   assert.match(await page.textContent("#regressions") ?? "", /regressions 0/);
@@ -223,7 +226,7 @@ test("console - in Chromium: the token, the shards with their bars, the processe
   await page.fill("#user", "cu0");
   await page.click("#user-form button");
   await page.waitForSelector("#user-entries tr:nth-child(2)");
-  assert.match(await page.textContent("#user-mailbox") ?? "", /shard \d+ · epoch \d+ · log \S+ · head \d+ \(\d+:\d+\)/);
+  assert.match(await page.textContent("#user-mailbox") ?? "", /shard \d+ · epoch \d+ · log \S+ · head \d+ \(\d+:\d+\) · trim 0 \(0:0\) · lanes default \d+ \(\d+:\d+\)/);
   assert.equal(await page.textContent("#user-presence tr:nth-child(2) td:first-child"), "d1");
   assert.equal(await page.locator("#user-entries tr").count(), 11, "a header and cu0's ten entries");
   const split = await runCli(stack.infra.env, ["shard", "split", "0"]);
@@ -233,7 +236,7 @@ test("console - in Chromium: the token, the shards with their bars, the processe
   await page.waitForFunction(() => Array.from(document.querySelectorAll("#timeline circle title")).some((t) => t.textContent?.includes(": split")));
   await page.waitForFunction(() => document.querySelectorAll("#timeline path").length >= 1);
   assert.equal(await page.textContent("#shards tr:nth-child(4) td:first-child"), "2", "the child shard has a row");
-  const dir = process.env.JETGATE_UPDATE_SCREENSHOTS === "1" ? fileURLToPath(new URL("../../docs/img/", import.meta.url)) : mkdtempSync(join(tmpdir(), "jetgate-console-"));
+  const dir = process.env.UPDATE_SCREENSHOTS === "1" ? fileURLToPath(new URL("../../docs/img/", import.meta.url)) : mkdtempSync(join(tmpdir(), "jetgate-console-"));
   await page.screenshot({ path: join(dir, "console.png"), fullPage: true });
   assert.deepEqual(problems, [], "no script errors on the page");
 });

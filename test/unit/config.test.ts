@@ -118,3 +118,23 @@ test("config - docs/config.md documents exactly the variables of the schema", as
   const documented = new Set([...doc.matchAll(/^\| `(JETGATE_[A-Z0-9_]+)` \|/gm)].map((m) => m[1]));
   assert.deepEqual([...documented].sort(), [...ENV_VARS].sort());
 });
+
+test("config - every JETGATE_ setting README.md and docs/ name is accepted, and each table default loads", async () => {
+  const { readFile, readdir } = await import("node:fs/promises");
+  const root = new URL("../../", import.meta.url);
+  const files = ["README.md", "bench/README.md", "k8s/jetgate/README.md", ...(await readdir(new URL("docs/", root))).filter((f) => f.endsWith(".md")).map((f) => `docs/${f}`)];
+  // names that are not settings: the registry's stream
+  const notSettings = new Set(["JETGATE_REGISTRY"]);
+  const known = new Set<string>(ENV_VARS);
+  for (const f of files) {
+    const text = await readFile(new URL(f, root), "utf8");
+    for (const [name] of text.matchAll(/\bJETGATE_[A-Z0-9_]+\b/g)) {
+      if (notSettings.has(name)) continue;
+      assert.ok(known.has(name), `${f} names ${name}, which the config refuses as unknown`);
+    }
+  }
+  const table = await readFile(new URL("docs/config.md", root), "utf8");
+  for (const [, name, value] of table.matchAll(/^\| `(JETGATE_[A-Z0-9_]+)` \| `([^`]*)` \|/gm)) {
+    assert.doesNotThrow(() => loadConfig({ [name!]: value! }), `${name}=${value}, its documented default`);
+  }
+});

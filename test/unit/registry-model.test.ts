@@ -307,3 +307,12 @@ test("processing floor: the newest epoch's worker consumer, not the highest floo
     assert.equal(processingFloor(named), named[cs.indexOf(newest)]!.ack_floor.stream_seq);
   }));
 });
+
+test("labels - a hash range in hex, eight digits each end (the CLI's and the console's); counts with separators", async () => {
+  const { rangeLabel, countLabel, evenRange } = await import("../../protocol/index.js");
+  assert.equal(rangeLabel(evenRange(0, 2)), "0x00000000-0x7fffffff");
+  assert.equal(rangeLabel(evenRange(1, 2)), "0x80000000-0xffffffff");
+  assert.equal(rangeLabel({ lo: 0x1f, hi: 0x20 }), "0x0000001f-0x00000020");
+  assert.equal(countLabel(65_535), "65,535");
+  assert.equal(countLabel(7), "7");
+});
