@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# npm test: every suite runs whatever an earlier one did, each timed; a summary at the end, and the
+# exit status fails when any suite failed. (Chained with &&, a failed unit test used to skip the
+# fault and alone suites without a word.)
+set -u
+cd "$(dirname "$0")/.."
+node=${JETGATE_TEST_NODE:-node}
+results=()
+failed=0
+suite() {
+  local name=$1 t0 rc
+  shift
+  echo "=== ${name}: $*"
+  t0=$(date +%s)
+  "$@"
+  rc=$?
+  results+=("$(printf '%-18s %5s s  %s' "$name" "$(($(date +%s) - t0))" "$([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)")")")
+  [ "$rc" = 0 ] || failed=1
+}
+suite typecheck npx tsc -p .
+suite lint npx eslint --max-warnings 0 .
+suite unit+integration "$node" --import tsx --test --test-concurrency=2 --test-reporter=spec test/unit/*.test.ts test/integration/*.test.ts test/fuzz/*.test.ts
+suite faults "$node" --import tsx --test --test-concurrency=1 --test-reporter=spec test/faults/*.test.ts
+suite alone "$node" --import tsx --test --test-concurrency=1 --test-reporter=spec test/alone/*.test.ts
+echo
+echo "npm test, suite by suite:"
+printf '  %s\n' "${results[@]}"
+exit "$failed"
