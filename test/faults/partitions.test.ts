@@ -106,7 +106,7 @@ test("partition - a gateway cut off from NATS and Redis for 10 s, its devices st
       const notReadyAfter = Date.now() - t0;
       await sleep(CUT_MS - (Date.now() - t0));
       // a new device is turned away, naming why, to try another gateway
-      assert.deepEqual(await upgrade(h.place.host, gw.httpPort), { status: 503, body: "dependency not answering: nats, redis" });
+      assert.deepEqual(await upgrade(h.place.host, gw.httpPort), { status: 503, body: `${JSON.stringify({ error: "dependency not answering: nats, redis" })}\n` });
       const during = await gw.metric("jetgate_gateway_connections");
       const refused = await gw.metric("jetgate_gateway_refused_upgrades_total", { reason: "dependency" });
       h.host.heal("nats");
