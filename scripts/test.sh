@@ -19,6 +19,10 @@ suite() {
 }
 suite typecheck npx tsc -p .
 suite lint npx eslint --max-warnings 0 .
+# the gateway and worker processes the tests start run the compiled build, as the image does: a
+# process starts in about half the time it takes through tsx, and the suites start hundreds
+suite build npx tsc -p tsconfig.build.json
+export HARNESS_DIST=1
 suite unit+integration "$node" --import tsx --test --test-concurrency=2 --test-reporter=spec test/unit/*.test.ts test/integration/*.test.ts test/fuzz/*.test.ts
 suite faults "$node" --import tsx --test --test-concurrency=1 --test-reporter=spec test/faults/*.test.ts
 suite alone "$node" --import tsx --test --test-concurrency=1 --test-reporter=spec test/alone/*.test.ts
