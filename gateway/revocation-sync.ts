@@ -22,7 +22,7 @@ import { isMetaField, parseRevocation, revocationField, revocationTimes, type Re
 /** Fields per HSCAN, entries per XREVRANGE. */
 const CHUNK = 1000;
 /** Expired revocations forgotten per turn of the event loop (bench/revocations.ts times one). */
-export const PRUNE_STEP = 5000;
+export const PRUNE_STEP = 2000;
 /** How soon a gateway that has not loaded the list yet tries again. */
 const RETRY_UNLOADED_MS = 1000;
 
