@@ -15,7 +15,7 @@
 import { parseArgs } from "node:util";
 import WebSocket from "ws";
 import { REVOCATION_LOG_MAXLEN, REVOCATION_SWEEP_COUNT, RedisKeys, decodeServerFrame, encodeFrame } from "../protocol/index.js";
-import { PRUNE_STEP, RevocationStore, RevocationSync } from "../gateway/revocation-sync.js";
+import { PRUNE_STEP, RevocationStore, RevocationSync, type RevocationSink } from "../gateway/revocation-sync.js";
 import { Revocations } from "../gateway/revocations.js";
 import { deviceToken } from "../test/harness/device.js";
 import { initStack, redisClient, spawnGateway, startInfra, type JetgateProcess, type ScriptedTestRedis } from "../test/harness/stack.js";
@@ -134,7 +134,7 @@ async function syncSteps(redis: ScriptedTestRedis, keys: RedisKeys): Promise<{ l
   };
   const list = new Revocations();
   const quiet = { loaded: () => undefined, changes: () => undefined, malformed: () => undefined, hashGone: () => undefined };
-  const sync = new RevocationSync({ version: timed(() => store.version()), scan: timed((c: string) => store.scan(c)), logBackwards: timed((id: string | undefined) => store.logBackwards(id)) }, list, quiet);
+  const sync = new RevocationSync({ version: timed(() => store.version()), scan: timed((c: string, sink: RevocationSink) => store.scan(c, sink)), logBackwards: timed((id: string | undefined) => store.logBackwards(id)) }, list, quiet);
   const t0 = performance.now();
   await sync.sync();
   const loadS = (performance.now() - t0) / 1000;

@@ -1,17 +1,18 @@
 /**
- * Keys by the time they expire, earliest first (a binary min-heap): what lets a gateway forget
- * expired revocations a few at a time, without a scan of every one it holds. A key pushed again
- * with a later time leaves its earlier entry behind; the caller skips those as it pops them.
+ * Keys (small integers: slots) by the time they expire, earliest first (a binary min-heap): what
+ * lets a gateway forget expired revocations a few at a time, without a scan of every one it holds.
+ * A key pushed again with a later time leaves its earlier entry behind; the caller skips those as
+ * it pops them. Two arrays of numbers: no object per entry.
  */
 export class ExpiryQueue {
   private readonly at: number[] = [];
-  private readonly keys: string[] = [];
+  private readonly keys: number[] = [];
 
   get size(): number {
     return this.at.length;
   }
 
-  push(at: number, key: string): void {
+  push(at: number, key: number): void {
     let i = this.at.length;
     this.at.push(at);
     this.keys.push(key);
@@ -31,7 +32,7 @@ export class ExpiryQueue {
   }
 
   /** Removes the earliest entry and returns its key (undefined when empty). */
-  pop(): string | undefined {
+  pop(): number | undefined {
     const n = this.at.length;
     if (n === 0) return undefined;
     const top = this.keys[0];
@@ -42,7 +43,7 @@ export class ExpiryQueue {
   }
 
   /** Puts (at, key) at the root's place and moves it down to where it belongs. */
-  private sink(at: number, key: string): void {
+  private sink(at: number, key: number): void {
     const n = this.at.length;
     let i = 0;
     for (;;) {

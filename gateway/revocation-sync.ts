@@ -17,7 +17,7 @@ import { setImmediate as nextTurn } from "node:timers/promises";
 import type { Logger } from "pino";
 import { REVOCATION_FIELDS, REVOCATION_LOG_MAXLEN, REVOCATION_SWEEP_COUNT, type RedisKeys } from "../protocol/index.js";
 import { scripted, type RedisClient, type ScriptedRedis } from "../protocol/io/index.js";
-import { isMetaField, parseRevocation, revocationField, revocationTimes, type Revocation, type Revocations } from "./revocations.js";
+import { isMetaField, parseRevocation, readTimes, revocationField, type Revocation, type Revocations } from "./revocations.js";
 
 /** Fields per HSCAN, entries per XREVRANGE. */
 const CHUNK = 1000;
@@ -47,11 +47,8 @@ export interface LogEntry {
   revocation: Revocation | undefined;
 }
 
-/** A chunk of the hash: each revocation's field and times (the field string is what the list keeps). */
-interface Chunk {
-  found: { field: string; before: number; expires: number }[];
-  malformed: number;
-}
+/** Takes each revocation of a chunk of the hash: its field (the string the list keeps) and times. */
+export type RevocationSink = (field: string, before: number, expires: number) => void;
 
 /** The revocations in Redis: written by the gateway that took the backend's call, read by every gateway. */
 export class RevocationStore {
@@ -78,18 +75,18 @@ export class RevocationStore {
     return parseVersion(await this.redis.hget(this.keys.revocations(), REVOCATION_FIELDS.version));
   }
 
-  /** One chunk of the hash from `cursor` ("0": the start); `next` is "0" after the last. */
-  async scan(cursor: string): Promise<Chunk & { next: string }> {
+  /** One chunk of the hash from `cursor` ("0": the start), each revocation to `sink`; `next` is "0" after the last. */
+  async scan(cursor: string, sink: RevocationSink): Promise<{ next: string; malformed: number }> {
     const [next, flat] = await this.redis.hscan(this.keys.revocations(), cursor, "COUNT", CHUNK);
-    const out: Chunk & { next: string } = { next, found: [], malformed: 0 };
+    let malformed = 0;
+    const t = { before: 0, expires: 0 };
     for (let i = 0; i + 1 < flat.length; i += 2) {
       const field = flat[i]!;
       if (isMetaField(field)) continue;
-      const t = revocationTimes(field, flat[i + 1]!);
-      if (t === undefined) out.malformed++;
-      else out.found.push({ field, before: t.before, expires: t.expires });
+      if (readTimes(field, flat[i + 1]!, t)) sink(field, t.before, t.expires);
+      else malformed++;
     }
-    return out;
+    return { next, malformed };
   }
 
   /** A page of the log, newest first, from before entry `olderThan` (undefined: from the end). */
@@ -201,10 +198,11 @@ export class RevocationSync {
   /** The whole hash, a chunk per round trip (the event loop runs between them). */
   private async load(why: LoadReason): Promise<void> {
     const version = await this.store.version();
+    const list = this.revocations;
+    const put: RevocationSink = (field, before, expires) => list.put(field, before, expires);
     let cursor = "0";
     do {
-      const chunk = await this.store.scan(cursor);
-      for (const r of chunk.found) this.revocations.put(r.field, r.before, r.expires);
+      const chunk = await this.store.scan(cursor, put);
       if (chunk.malformed > 0) this.events.malformed(chunk.malformed);
       cursor = chunk.next;
     } while (cursor !== "0");

@@ -18,6 +18,7 @@
 import { z } from "zod";
 import { MAX_ID_LENGTH, idSchema } from "../protocol/index.js";
 import { ExpiryQueue } from "./expiry-queue.js";
+import { RevocationTable } from "./revocation-table.js";
 import { CLOCK_TOLERANCE_S } from "./jwt.js";
 
 const MAX_BEFORE_S = 2 ** 40;
@@ -76,26 +77,45 @@ export function revocationField(user: string, device?: string): string {
 
 const ID = `[A-Za-z0-9_-]{1,${MAX_ID_LENGTH}}`;
 const FIELD = new RegExp(`^(?:u:(${ID})|d:(${ID}):(${ID}))$`);
-const VALUE = /^(\d{1,13})\/(\d{1,16})$/;
+
+/** A revocation's times, as readTimes fills them. */
+export interface Times {
+  before: number;
+  expires: number;
+}
+
+/** The decimal number in `s` from `from` to `to` (1 to `max` digits), or -1. */
+function digits(s: string, from: number, to: number, max: number): number {
+  if (to - from < 1 || to - from > max) return -1;
+  let n = 0;
+  for (let i = from; i < to; i++) {
+    const d = s.charCodeAt(i) - 48;
+    if (d < 0 || d > 9) return -1;
+    n = n * 10 + d;
+  }
+  return n;
+}
 
 /**
- * The times of one field of the hash, or undefined when field or value do not parse. Plain checks,
- * no schema (a load runs this for every revocation; the bounds are RevocationSchema's), and the
- * list keeps the field string it was given, so nothing is built from the ids.
+ * Reads one field of the hash and its value (`<before s>/<expires ms>`) into `into`; false when
+ * they do not parse. Plain checks, no schema, and no object made (a load runs this for every
+ * revocation, and the list keeps the field string it was given): the bounds are RevocationSchema's.
  */
-export function revocationTimes(field: string, value: string): { before: number; expires: number } | undefined {
-  const v = VALUE.exec(value);
-  if (v === null || !FIELD.test(field)) return undefined;
-  const before = Number(v[1]);
-  const expires = Number(v[2]);
-  return before > MAX_BEFORE_S || expires > MAX_EXPIRES_MS ? undefined : { before, expires };
+export function readTimes(field: string, value: string, into: Times): boolean {
+  const slash = value.indexOf("/");
+  const before = digits(value, 0, slash, 13);
+  const expires = digits(value, slash + 1, value.length, 16);
+  if (before < 0 || expires < 0 || before > MAX_BEFORE_S || expires > MAX_EXPIRES_MS || !FIELD.test(field)) return false;
+  into.before = before;
+  into.expires = expires;
+  return true;
 }
 
 /** One field of the hash (or of a change log entry) and its value as a revocation, or undefined when they do not parse. */
 export function parseRevocation(field: string, value: string): Revocation | undefined {
-  const t = revocationTimes(field, value);
-  const f = t === undefined ? null : FIELD.exec(field);
-  if (f === null || t === undefined) return undefined;
+  const t = { before: 0, expires: 0 };
+  const f = readTimes(field, value, t) ? FIELD.exec(field) : null;
+  if (f === null) return undefined;
   return f[1] !== undefined ? { user: f[1], ...t } : { user: f[2]!, device: f[3]!, ...t };
 }
 
@@ -104,37 +124,19 @@ export function isMetaField(field: string): boolean {
   return field.startsWith(":");
 }
 
-/** Maps the fields are spread over: one Map of a million rehashed its entries in one go (46 ms here) as it grew. */
-const SHARDS = 64;
-
-/** FNV-1a of the field, to pick its map. */
-function shardOf(field: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < field.length; i++) h = Math.imul(h ^ field.charCodeAt(i), 16777619);
-  return h & (SHARDS - 1);
-}
-
 /**
- * What a gateway knows of revocations, in memory. Pure: the caller says what time it is.
- * Compact, since a gateway may hold millions: a field's times live in two typed arrays at its
- * slot, so the heap holds one object per revocation (its field string) and a load promotes little
- * for the garbage collector to copy; the fields' slots are spread over SHARDS maps, so none grows
- * (and rehashes) past a small share of them.
+ * What a gateway knows of revocations, in memory (a RevocationTable: no object per revocation).
+ * Pure: the caller says what time it is.
  */
 export class Revocations {
-  private readonly slots = Array.from({ length: SHARDS }, () => new Map<string, number>());
-  private count = 0;
-  private before = new Float64Array(1024);
-  private expires = new Float64Array(1024);
-  private readonly free: number[] = [];
-  private used = 0;
-  /** Fields by expiry: prune takes the expired ones off the front. */
+  private readonly table = new RevocationTable();
+  /** Slots by expiry: prune takes the expired ones off the front. */
   private readonly due = new ExpiryQueue();
   /** Whether the list was loaded from Redis at least once (until then every AUTH is refused). */
   loaded = false;
 
   get size(): number {
-    return this.count;
+    return this.table.size;
   }
 
   /** Adds one heard over NATS or read from the change log (see `put`). */
@@ -147,32 +149,13 @@ export class Revocations {
    * later expiry of two for one field: a load merges, never replaces (one heard over NATS may be newer).
    */
   put(field: string, before: number, expires: number): void {
-    const slotOf = this.slots[shardOf(field)]!;
-    let slot = slotOf.get(field);
-    if (slot === undefined) {
-      slot = this.free.pop() ?? this.grow();
-      slotOf.set(field, slot);
-      this.count++;
-      this.before[slot] = before;
-      this.expires[slot] = expires;
-      this.due.push(expires, field);
-      return;
+    const t = this.table;
+    const slot = t.slot(field);
+    if (before > t.before[slot]!) t.before[slot] = before;
+    if (expires > t.expires[slot]!) {
+      t.expires[slot] = expires;
+      this.due.push(expires, slot);
     }
-    if (before > this.before[slot]!) this.before[slot] = before;
-    if (expires > this.expires[slot]!) {
-      this.expires[slot] = expires;
-      this.due.push(expires, field);
-    }
-  }
-
-  private grow(): number {
-    if (this.used === this.before.length) {
-      const [b, e] = [new Float64Array(this.used * 2), new Float64Array(this.used * 2)];
-      b.set(this.before);
-      e.set(this.expires);
-      [this.before, this.expires] = [b, e];
-    }
-    return this.used++;
   }
 
   /**
@@ -183,15 +166,10 @@ export class Revocations {
     for (let n = 0; n < max; n++) {
       const at = this.due.peek();
       if (at === undefined || at > now) return false;
-      const field = this.due.pop()!;
-      const slotOf = this.slots[shardOf(field)]!;
-      const slot = slotOf.get(field);
-      // an entry left behind by a later expiry of the same field is skipped
-      if (slot !== undefined && this.expires[slot] === at) {
-        slotOf.delete(field);
-        this.free.push(slot);
-        this.count--;
-      }
+      const slot = this.due.pop()!;
+      // an entry left behind by a later expiry of the slot's field is skipped, and one of a slot
+      // freed since (its expiry is NaN); a slot taken again by a field whose expiry is this one: due as well
+      if (this.table.expires[slot] === at) this.table.remove(slot);
     }
     return (this.due.peek() ?? Infinity) <= now;
   }
@@ -205,7 +183,7 @@ export class Revocations {
   }
 
   private covers(field: string, iat: number | undefined, now: number): boolean {
-    const slot = this.slots[shardOf(field)]!.get(field);
-    return slot !== undefined && this.expires[slot]! > now && (iat === undefined || iat < this.before[slot]!);
+    const slot = this.table.find(field);
+    return slot >= 0 && this.table.expires[slot]! > now && (iat === undefined || iat < this.table.before[slot]!);
   }
 }

@@ -127,7 +127,7 @@ test("revocation sync - Redis failing: the first load rejects and leaves the lis
   const events = { loaded: () => undefined, changes: () => undefined, malformed: () => undefined, hashGone: () => undefined };
   let down = true;
   const list = new Revocations();
-  const sync = new RevocationSync({ version: () => (down ? Promise.reject(new Error("redis down")) : store.version()), scan: (c) => store.scan(c), logBackwards: (id) => store.logBackwards(id) }, list, events);
+  const sync = new RevocationSync({ version: () => (down ? Promise.reject(new Error("redis down")) : store.version()), scan: (c, sink) => store.scan(c, sink), logBackwards: (id) => store.logBackwards(id) }, list, events);
   await assert.rejects(sync.sync(), /redis down/);
   assert.equal(list.loaded, false);
   down = false;

@@ -14,6 +14,7 @@ import {
   type Revocation,
 } from "../../gateway/revocations.js";
 import { CLOCK_TOLERANCE_S, tokenVerifier } from "../../gateway/jwt.js";
+import { fieldHashes } from "../../gateway/revocation-table.js";
 import { disconnectFor, ControlReplySchema, DisconnectRequestSchema } from "../../gateway/control.js";
 import { CloseCode, reconnectPolicy } from "../../protocol/index.js";
 
@@ -86,7 +87,7 @@ test("revocations - prune forgets at most `max` per call and says whether more a
         assert.equal(list.revoked(u, undefined, m.before, at), false, `${u} does not cover iat ${m.before}`);
       }
     }
-  }));
+  }), { numRuns: 300 });
 });
 
 test("revocations - thousands held, forgotten and added again (the list grows and reuses its room)", () => {
@@ -102,6 +103,31 @@ test("revocations - thousands held, forgotten and added again (the list grows an
     assert.equal(list.revoked(`u${2500 + i}`, "d", 9, NOW), true);
     assert.equal(list.revoked(`v${i}`, "d", 19, NOW + 15), true);
     assert.equal(list.revoked(`v${i}`, "e", 19, NOW + 15), false, "another device");
+  }
+});
+
+test("revocations - two fields whose first hash collides (one chain) are held, checked and forgotten apart", () => {
+  const seen = new Map<number, string>();
+  let pair: [string, string] | undefined;
+  for (let i = 0; pair === undefined; i++) {
+    const f = `u:c${i}`;
+    const h1 = fieldHashes(f)[0];
+    const other = seen.get(h1);
+    if (other !== undefined) pair = [other, f];
+    seen.set(h1, f);
+  }
+  const [a, b] = pair.map((f) => f.slice(2)) as [string, string];
+  assert.notEqual(fieldHashes(`u:${a}`)[1], fieldHashes(`u:${b}`)[1], "the second hash tells them apart");
+  for (const firstGoes of [a, b]) {
+    const list = listOf({ user: a, before: 10, expires: NOW + 1 }, { user: b, before: 20, expires: NOW + 2 });
+    assert.equal(list.size, 2);
+    assert.deepEqual([list.revoked(a, undefined, 15, NOW), list.revoked(b, undefined, 15, NOW)], [false, true]);
+    list.add({ user: firstGoes === a ? b : a, before: 1, expires: NOW + 3 }); // the other outlives it
+    list.prune(firstGoes === a ? NOW + 1 : NOW + 2);
+    const other = firstGoes === a ? b : a;
+    assert.deepEqual([list.size, list.revoked(firstGoes, undefined, 0, NOW + 2), list.revoked(other, undefined, 0, NOW + 2)], [1, false, true], `${firstGoes} forgotten first`);
+    list.add({ user: firstGoes, before: 5, expires: NOW + 10 });
+    assert.deepEqual([list.size, list.revoked(firstGoes, undefined, 4, NOW + 2), list.revoked(other, undefined, 4, NOW + 2)], [2, true, true], "added again");
   }
 });
 
