@@ -55,7 +55,10 @@ export async function tokenVerifier(opts: {
   publicKeysFile?: string | undefined;
   /** JETGATE_JWT_MAX_LIFETIME_S. */
   maxLifetimeS?: number;
+  /** The clock (ms since the epoch): tests move it. */
+  now?: () => number;
 }): Promise<TokenVerifier> {
+  const clock = opts.now ?? Date.now;
   const maxLifetimeS = opts.maxLifetimeS ?? 86_400;
   let keys: Key[];
   let algorithms: string[];
@@ -94,7 +97,7 @@ export async function tokenVerifier(opts: {
       const tried: string[] = [];
       for (const key of keys) {
         try {
-          ({ payload } = await jwtVerify(token, key as Uint8Array, { algorithms, requiredClaims: ["exp", "sub"], clockTolerance: CLOCK_TOLERANCE_S }));
+          ({ payload } = await jwtVerify(token, key as Uint8Array, { algorithms, requiredClaims: ["exp", "sub"], clockTolerance: CLOCK_TOLERANCE_S, currentDate: new Date(clock()) }));
           break;
         } catch (err) {
           const code = (err as { code?: string }).code ?? "";
@@ -106,7 +109,7 @@ export async function tokenVerifier(opts: {
         }
       }
       if (payload === undefined) throw new TokenError(SIGNATURE_FAILED, { detail: tried.join("; ") });
-      const expiresAt = checkTimes(payload, maxLifetimeS);
+      const expiresAt = checkTimes(payload, maxLifetimeS, clock() / 1000);
       const user = payload.sub;
       const p = idProblem("user", user);
       if (p !== undefined) throw new TokenError(`token sub: user id ${p}`);
@@ -117,7 +120,12 @@ export async function tokenVerifier(opts: {
   };
 }
 
-const CLOCK_TOLERANCE_S = 5;
+/**
+ * Seconds of clock skew allowed between a token's issuer and the gateway: on `exp` and `nbf` (jose
+ * accepts a token until `exp` + this), and on the lifetime (at most the maximum + this). A
+ * revocation is kept for the longest any token it covers can be accepted (revocationExpiry).
+ */
+export const CLOCK_TOLERANCE_S = 5;
 
 /**
  * The token's expiry in integer ms, after the checks jose does not make: finite times, and a

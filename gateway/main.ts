@@ -29,7 +29,8 @@ import { GatewayMetrics } from "./metrics.js";
 import { Presence } from "./presence.js";
 import { ControlHandler } from "./control.js";
 import { NatsRoster } from "./roster.js";
-import { RevocationStore, Revocations } from "./revocations.js";
+import { Revocations } from "./revocations.js";
+import { RevocationStore, RevocationSync } from "./revocation-sync.js";
 import { lookupUser, type UsersApiDeps } from "./users-api.js";
 import { NatsPushSource } from "./push-source.js";
 import { RouteTable } from "./routes.js";
@@ -39,8 +40,6 @@ import { SessionRegistry } from "./sessions.js";
 import { loadUws } from "./uws.js";
 
 const DRAIN_WAVES = 10;
-/** Revocations are read from Redis again this often (a NATS message a gateway missed is picked up). */
-const REVOCATIONS_RELOAD_MS = 30_000;
 
 export async function runGateway(env: Record<string, string | undefined> = process.env): Promise<void> {
   const config = loadConfig(env);
@@ -69,18 +68,22 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   routes.start();
   const presence = new Presence(redis, keys, nc, gatewayId, (k) => sessions.kick(k.user, k.device, k.session));
   presence.start();
-  // revocations: read from Redis before the first AUTH is let through, then every 30 s; new ones
-  // arrive over NATS at once (gateway/control.ts)
+  // revocations: loaded from Redis before the first AUTH is let through, then their changes every
+  // JETGATE_REVOCATIONS_SYNC_MS; new ones arrive over NATS at once (gateway/control.ts)
   const revocations = new Revocations();
   const revocationStore = new RevocationStore(redis, keys);
-  const loadRevocations = () =>
-    revocationStore.read().then(
-      (list) => revocations.load(list, Date.now()),
-      (err: unknown) => log.warn({ err: (err as Error).message, loaded: revocations.loaded }, "cannot read token revocations from Redis (the ones this gateway knows still apply)"),
-    );
-  await loadRevocations();
-  const revocationTimer = setInterval(() => void loadRevocations(), REVOCATIONS_RELOAD_MS);
-  revocationTimer.unref();
+  const revocationSync = new RevocationSync(revocationStore, revocations, {
+    loaded: (why, n) => {
+      metrics.revocationLoads.inc({ why });
+      if (why !== "start") log.info({ why, revocations: n }, "token revocations read whole from Redis again");
+    },
+    changes: (n) => metrics.revocationChanges.inc(n),
+    malformed: (n) => metrics.revocationsMalformed.inc(n),
+    hashGone: () => log.warn("the token revocations are gone from Redis (a flush, an eviction): this gateway keeps refusing the ones it holds, a gateway started now knows none; revoke again what matters"),
+  });
+  metrics.revocationCount = () => revocations.size;
+  await revocationSync.sync().catch((err: unknown) => log.warn({ err: (err as Error).message }, "cannot read token revocations from Redis: every AUTH is refused until they are"));
+  revocationSync.start(config.JETGATE_REVOCATIONS_SYNC_MS, log);
   const control = new ControlHandler(nc, gatewayId, sessions, revocations, log);
   control.start();
   const roster = new NatsRoster(nc, gatewayId);
@@ -152,7 +155,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       presence.stop();
       control.stop();
       roster.stop();
-      clearInterval(revocationTimer);
+      revocationSync.stop();
       routes.stop();
       health.stop();
       stats.unsubscribe();

@@ -32,7 +32,14 @@ export class GatewayMetrics {
   readonly tailFills: Counter;
   readonly devicesEvicted: Counter;
   readonly registryRecord: Gauge;
+  readonly revocationsHeld: Gauge;
+  readonly revocationLoads: Counter<"why">;
+  readonly revocationChanges: Counter;
+  readonly revocationsMalformed: Counter;
   readonly pushLatency: Histogram;
+
+  /** How many revocations the gateway holds, read at each scrape. */
+  revocationCount: () => number = () => 0;
 
   /** The Dispatcher's counters (POST /v1/dispatch), read at each scrape. */
   dispatchStats: () => DispatchStats = () => ({ appended: 0, retries: 0, failed: 0, batches: 0, batchedEntries: 0, batchFallbacks: 0 });
@@ -70,6 +77,11 @@ export class GatewayMetrics {
     this.tailFills = c("jetgate_gateway_tail_fills_total", "Live sessions found behind their user's head, and filled: by the periodic tail check (a lost last push), or after their user's route was registered again (Redis had lost it).");
     this.devicesEvicted = c("jetgate_gateway_device_state_evicted_total", "Devices whose stored ACK state was dropped for a newer device of the same user (JETGATE_MAX_DEVICES_PER_USER).");
     this.registryRecord = new Gauge({ name: "jetgate_gateway_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });
+    const held = () => this.revocationCount();
+    this.revocationsHeld = new Gauge({ name: "jetgate_gateway_revocations", help: "Token revocations this gateway holds in memory (those in force, and expired ones not yet forgotten).", registers, collect() { this.set(held()); } });
+    this.revocationLoads = c("jetgate_gateway_revocation_loads_total", "Whole reads of the revocations in Redis, by why (start; log_gap: the change log no longer holds the last entry read: trimmed, or lost).", ["why"]);
+    this.revocationChanges = c("jetgate_gateway_revocation_changes_total", "Revocations read from the change log in Redis (each also heard over NATS, unless the message was missed).");
+    this.revocationsMalformed = c("jetgate_gateway_revocations_malformed_total", "Revocations in Redis that did not parse: skipped.");
     // 1 ms .. 10 s; a push later than that is an outage, which the +Inf bucket still counts
     this.pushLatency = new Histogram({
       name: "jetgate_gateway_push_latency_seconds",

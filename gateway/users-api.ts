@@ -40,7 +40,8 @@ import { TokenBucket } from "./rate-limit.js";
 import { answeredOf, askGateways, type NatsRoster } from "./roster.js";
 import { UnavailableError } from "./gather.js";
 import { BadPositionError, DEFAULT_PAGE_ENTRIES, MAX_PAGE_ENTRIES, decodePosition, lastEntries, readPage } from "./mailbox-page.js";
-import type { Revocation, RevocationStore } from "./revocations.js";
+import { defaultIssuedBefore, issuedBeforeProblem, revocationExpiry, type Revocation } from "./revocations.js";
+import type { RevocationStore } from "./revocation-sync.js";
 
 /** Largest request body of this API (a presence request for 100 users of 64 characters is about 7 KiB). */
 export const MAX_USERS_API_BODY = 16 * 1024;
@@ -62,10 +63,13 @@ export const DisconnectBodySchema = z
 
 export const RevokeBodySchema = z
   .object({
-    /** One device's tokens only (the device id its sessions AUTH with); all of the user's when left out. */
+    /** One device's tokens only (the device id its sessions AUTH with, which a token's `dev` claim binds); all of the user's when left out. */
     device: z.string().optional(),
-    /** Tokens whose `iat` is below this (unix seconds) are refused; default: now. A token without `iat` is refused too. */
-    issued_before: z.number().int().min(0).max(2 ** 40).optional(),
+    /**
+     * Tokens whose `iat` is below this (unix seconds) are refused; at most 60 s ahead. Default: the
+     * second after the call's (a token minted in the call's second is covered). A token without `iat` is refused too.
+     */
+    issued_before: z.number().int().min(0).optional(),
     /** How the live sessions holding such a token end (default `signed_out`). */
     mode: DisconnectMode.optional(),
     reason,
@@ -92,7 +96,7 @@ export const EndedAnswerSchema = z.object({ user: z.string(), device: z.string()
 export const RevokedAnswerSchema = EndedAnswerSchema.extend({
   /** The revocation in force (a later `issued_before` recorded earlier wins). */
   issued_before: z.number().int(),
-  /** When it is forgotten (unix ms): every token it covers has expired by then. */
+  /** When it is forgotten (unix ms): no token it covers can be accepted by then (a later expiry recorded earlier wins). */
   expires_at: z.number().int(),
 });
 export const PresenceAnswerSchema = z.object({
@@ -228,17 +232,19 @@ export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps, clientAddr
     const b = parse(RevokeBodySchema, body);
     if (b.device !== undefined) checkId("device", b.device, "device");
     const now = Date.now();
-    const wanted: Revocation = {
-      user: user!,
-      ...(b.device !== undefined ? { device: b.device } : {}),
-      before: b.issued_before ?? Math.floor(now / 1000),
-      expires: now + d.config.JETGATE_JWT_MAX_LIFETIME_S * 1000,
-    };
+    const problem = b.issued_before === undefined ? undefined : issuedBeforeProblem(b.issued_before, now);
+    if (problem !== undefined) throw new ApiError("400 Bad Request", problem, "issued_before");
+    const before = b.issued_before ?? defaultIssuedBefore(now);
+    const wanted: Revocation = { user: user!, ...(b.device !== undefined ? { device: b.device } : {}), before, expires: revocationExpiry(before, now, d.config.JETGATE_JWT_MAX_LIFETIME_S) };
     let kept: Revocation;
     try {
       kept = await d.revocationStore.write(wanted, now);
     } catch (err) {
-      throw new ApiError("503 Service Unavailable", `Redis did not take the revocation (${(err as Error).message}); nothing was revoked: try again`, undefined, { "retry-after": "2" });
+      const message = (err as Error).message;
+      // a command that timed out may still run when Redis answers again: no gateway was told, and
+      // the same call again is safe (a revocation keeps the later values)
+      const outcome = /timed out/i.test(message) ? "it may still be recorded when Redis answers, but no gateway was told" : "nothing was revoked";
+      throw new ApiError("503 Service Unavailable", `Redis did not take the revocation (${message}); ${outcome}: try again`, undefined, { "retry-after": "2" });
     }
     const { replies, gateways } = await ask(CONTROL_SUBJECTS.revoke, { ...kept, mode: b.mode ?? "signed_out", ...(b.reason !== undefined ? { reason: b.reason } : {}) });
     return {

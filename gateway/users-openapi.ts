@@ -66,7 +66,7 @@ export const USERS_OPENAPI: OpenApiExtension = {
     "/v1/users/{user}/revoke": post(
       "revoke",
       "Refuse a user's (or one device's) tokens issued before a time, on every gateway",
-      "Tokens whose `iat` is below `issued_before` (default: now; a token without `iat` too) are refused at AUTH and REFRESH from the answer on, and the live sessions holding one are ended as `mode` says. Kept in Redis for JETGATE_JWT_MAX_LIFETIME_S, after which every such token has expired. 503 when Redis does not take it: nothing was revoked.",
+      "Tokens whose `iat` is below `issued_before` (default: the second after the call's, so a token minted in the call's second is covered; a token without `iat` too) are refused at AUTH and REFRESH from the answer on, and the live sessions holding one are ended as `mode` says. `issued_before` more than 60 s ahead is refused (400): a later call never lowers it. Kept until `expires_at`, when no token it covers can be accepted any more: issued_before + JETGATE_JWT_MAX_LIFETIME_S + 10 s (twice the clock tolerance), at least as long from the call. A device's revocation binds tokens that carry a `dev` claim; the holder of one without `dev` chooses its device id. 503 when Redis does not take it: nothing was revoked.",
       "RevokeRequest", "RevokedAnswer", { mode: "signed_out" },
     ),
     "/v1/users/{user}/presence": {

@@ -191,6 +191,8 @@ export const envSchema = z.object({
   JETGATE_JWT_PUBLIC_KEYS_FILE: optionalStr,
   /** Longest a device token may still be valid for (exp - now, and exp - iat when it has iat). */
   JETGATE_JWT_MAX_LIFETIME_S: int(60, 366 * 86400, 86400),
+  /** How often a gateway reads the revocations' change log in Redis (one it missed over NATS applies within this). */
+  JETGATE_REVOCATIONS_SYNC_MS: int(100, 600_000, 30_000),
   JETGATE_CURSOR_KEYS: keyList,
   /** Signs the processes' answers on jetgate.ops.stats; the console takes only signed ones when set. */
   JETGATE_OPS_KEY: keyList,

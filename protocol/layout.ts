@@ -89,12 +89,21 @@ export class RedisKeys {
 
   /**
    * Token revocations of every user: field `u:<user>` (all the user's tokens) or
-   * `d:<user>:<device>` (one device's), value `<issued_before s>/<expires ms>`. One small hash that
-   * every gateway loads at start and again every 30 s (and hears of changes over NATS), so AUTH
-   * and REFRESH check revocations in memory; fields past their expiry are pruned by each write.
+   * `d:<user>:<device>` (one device's), value `<issued_before s>/<expires ms>`; and the
+   * REVOCATION_FIELDS, whose names start with `:` (no revocation's can). The truth: a gateway loads
+   * it whole at start (in chunks), then reads the changes it lacks from the log by version.
    */
   revocations(): string {
     return `${this.prefix}:{revocations}`;
+  }
+
+  /**
+   * Stream of revocation changes, in the revocations' slot, trimmed to about REVOCATION_LOG_MAXLEN:
+   * fields `f` and `v` (a hash field and the value it was given) and `n`, the hash's version that
+   * change made (REVOCATION_FIELDS.version).
+   */
+  revocationLog(): string {
+    return `${this.prefix}:{revocations}:log`;
   }
 
   /** Sorted set of live workers, scored by the expiry of their heartbeat. */
@@ -451,24 +460,57 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 `;
 
+/** The revocation hash's fields that hold no revocation. */
+export const REVOCATION_FIELDS = {
+  /**
+   * `<epoch>:<n>`: the hash's version. `n` counts the changes REVOKE_LUA made; `epoch` (Redis's
+   * clock in µs when the first of them found no version) tells a hash made again after a loss from
+   * the one before, whose `n` it would repeat. A gateway that applied version V of an epoch needs
+   * the log's entries V+1 up to the hash's version, all of them, else it loads the hash again.
+   */
+  version: ":ver",
+  /** Where REVOKE_LUA's sweep of expired fields resumes (an HSCAN cursor). */
+  sweep: ":sweep",
+} as const;
+/** Entries the revocation change log keeps (about: trimmed with `~`), minutes of revokes at a high rate. */
+export const REVOCATION_LOG_MAXLEN = 100_000;
+/** Fields each revoke looks at for expiry: the hash stays within a few percent of what is in force. */
+export const REVOCATION_SWEEP_COUNT = 20;
+
 /**
- * Records a revocation, keeping the later `issued_before` of the two, and prunes expired fields.
- * KEYS: revocations; ARGV: field, issued_before (s), expires (ms), now (ms). Returns the value kept.
+ * Records a revocation: of the one there and this one, the later `issued_before` and the later
+ * expiry (each caller's expiry covers its own `issued_before`, so the later covers the one kept:
+ * gateway/revocations.ts revocationExpiry). Moves the hash's version on and appends the change to
+ * the log with it. Expired fields go by a sweep of a few fields per call that resumes where the
+ * last stopped: a call costs the same however many revocations are in force.
+ * KEYS: revocations, log; ARGV: field, issued_before (s), expires (ms), now (ms), log maxlen, sweep
+ * count. Returns the value kept.
  */
 export const REVOKE_LUA = `
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local exp = tonumber(string.match(all[i + 1], '/(%d+)$'))
-  if exp == nil or exp <= tonumber(ARGV[4]) then redis.call('HDEL', KEYS[1], all[i]) end
+local now = tonumber(ARGV[4])
+local sweep = redis.call('HSCAN', KEYS[1], redis.call('HGET', KEYS[1], '${REVOCATION_FIELDS.sweep}') or '0', 'COUNT', ARGV[6])
+for i = 1, #sweep[2], 2 do
+  local f = sweep[2][i]
+  local exp = tonumber(string.match(sweep[2][i + 1], '^%d+/(%d+)$'))
+  if string.sub(f, 1, 1) ~= ':' and (exp == nil or exp <= now) then redis.call('HDEL', KEYS[1], f) end
 end
-local before = tonumber(ARGV[2])
+if sweep[1] == '0' then redis.call('HDEL', KEYS[1], '${REVOCATION_FIELDS.sweep}') else redis.call('HSET', KEYS[1], '${REVOCATION_FIELDS.sweep}', sweep[1]) end
+local before, expires = ARGV[2], ARGV[3]
 local prev = redis.call('HGET', KEYS[1], ARGV[1])
 if prev then
   local pb, pe = string.match(prev, '^(%d+)/(%d+)$')
-  if pb and tonumber(pb) > before then before = tonumber(pb) end
+  if pb and tonumber(pb) > tonumber(before) then before = pb end
+  if pe and tonumber(pe) > tonumber(expires) then expires = pe end
 end
-local value = before .. '/' .. ARGV[3]
-redis.call('HSET', KEYS[1], ARGV[1], value)
+local value = before .. '/' .. expires
+local epoch, n = string.match(redis.call('HGET', KEYS[1], '${REVOCATION_FIELDS.version}') or '', '^(%d+):(%d+)$')
+if not epoch then
+  local t = redis.call('TIME')
+  epoch, n = t[1] .. string.format('%06d', tonumber(t[2])), 0
+end
+local version = epoch .. ':' .. string.format('%.0f', tonumber(n) + 1)
+redis.call('HSET', KEYS[1], ARGV[1], value, '${REVOCATION_FIELDS.version}', version)
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'f', ARGV[1], 'v', value, 'n', version)
 return value
 `;
 
@@ -499,7 +541,7 @@ export interface RedisScriptCommands {
   /** LEASE_RELEASE_LUA: 1 when this owner's lease was deleted. */
   jgLeaseRelease(lease: string, owner: string): Promise<number>;
   /** REVOKE_LUA: the value kept (`issued_before/expires`). */
-  jgRevoke(revocations: string, field: string, before: string, expires: string, now: string): Promise<string>;
+  jgRevoke(revocations: string, log: string, field: string, before: number, expires: number, now: number, logMaxlen: number, sweepCount: number): Promise<string>;
 }
 
 /**
@@ -518,7 +560,7 @@ export const REDIS_SCRIPTS = {
   jgPresenceRelease: { lua: PRESENCE_RELEASE_LUA, numberOfKeys: 1 },
   jgLeaseRenew: { lua: LEASE_RENEW_LUA, numberOfKeys: 1 },
   jgLeaseRelease: { lua: LEASE_RELEASE_LUA, numberOfKeys: 1 },
-  jgRevoke: { lua: REVOKE_LUA, numberOfKeys: 1 },
+  jgRevoke: { lua: REVOKE_LUA, numberOfKeys: 2 },
 } as const satisfies { [K in keyof RedisScriptCommands]: { lua: string; numberOfKeys: number } };
 
 // ---- JetStream consumer names ---------------------------------------------------------------

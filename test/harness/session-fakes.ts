@@ -329,7 +329,7 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
   // tokens the fake verifier accepts carry this iat (a test moves it to issue "newer" tokens)
   const issued: { at: number | undefined } = { at: Math.floor(Date.now() / 1000) };
   const revocations = new Revocations();
-  revocations.load([], Date.now());
+  revocations.loaded = true;
   const tokenPlan: SessionRig["tokenPlan"] = new Map();
   const metrics = new GatewayMetrics();
   const hub = new SessionRegistry<Session>(source, routes, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, { warn: () => undefined });

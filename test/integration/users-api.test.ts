@@ -91,8 +91,9 @@ test("users API - revoke: live sessions with older tokens end on both gateways; 
   let iat = old;
   const a = await client(gw1, "vic", "phone", () => iat);
   const b = await client(gw2, "vic", "tablet", () => iat);
-  // the app gets new tokens from now on: the SDK's reconnect picks one up
-  iat = Math.floor(Date.now() / 1000) + 1;
+  // the app gets new tokens from now on: the SDK's reconnect picks one up (issued_before is the
+  // second after the call's: a token minted in that second is refused too)
+  iat = Math.floor(Date.now() / 1000) + 2;
   const r = await api(gw2, "POST", "/v1/users/vic/revoke", { mode: "reconnect" });
   assert.equal(r.status, 200, JSON.stringify(r.json));
   assert.equal(r.json.ended, 2);
@@ -145,12 +146,50 @@ test("users API - revoke one device's tokens: that device's sessions only; an ea
   assert.equal(tablet.c.state.type, "live");
   const again = await api(gw2, "POST", "/v1/users/dora/revoke", { device: "phone", issued_before: now - 1000 });
   assert.equal(again.json.issued_before, now - 10, "the later revocation stays in force");
+  assert.ok((again.json.expires_at as number) >= (r.json.expires_at as number), "nor its expiry");
+  // what a device revocation binds: a token with `dev` only ever AUTHs as that device; the holder
+  // of one without `dev` chooses its device id (docs/server-api.md: revoke the user to take access away)
+  const authAs = async (device: string, dev: string | undefined) => {
+    const d = await TestDevice.connect(gw1.httpPort);
+    d.send({ t: "AUTH", v: 1, token: await deviceToken("dora", { issuedAt: now - 50, ...(dev !== undefined ? { device: dev } : {}) }), device });
+    await waitFor("an answer", () => d.frames.some((f) => f.t === "SYNCED" || f.t === "ERROR"));
+    d.ws.close();
+    const e = d.frames.find((f) => f.t === "ERROR");
+    return e?.t === "ERROR" ? e.msg : "accepted";
+  };
+  assert.equal(await authAs("phone", "phone"), "token revoked");
+  assert.equal(await authAs("laptop", "phone"), "token is bound to another device");
+  assert.equal(await authAs("phone", undefined), "token revoked");
+  assert.equal(await authAs("laptop", undefined), "accepted", "a token without dev, under another device id");
   const redis = await redisClient(stack.infra.redis.url);
   try {
     assert.match((await redis.hget(keys.revocations(), "d:dora:phone")) ?? "", new RegExp(`^${now - 10}/\\d+$`));
   } finally {
     redis.disconnect();
   }
+});
+
+test("users API - revoke with the shortest lifetime (60 s): kept until a token issued a second before issued_before with exp - iat = 65 s can no longer be accepted", async () => {
+  const gw = await spawnGateway(stack.infra.env, { JETGATE_JWT_MAX_LIFETIME_S: "60" });
+  extra.push(gw);
+  const token = (iat: number) => deviceToken("tess", { issuedAt: iat, expiresInS: iat + 65 - Math.floor(Date.now() / 1000) });
+  const authWith = async (t: string) => {
+    const d = await TestDevice.connect(gw.httpPort);
+    d.send({ t: "AUTH", v: 1, token: t, device: "phone" });
+    await waitFor("an answer", () => d.frames.some((f) => f.t === "SYNCED" || f.t === "ERROR"));
+    d.ws.close();
+    const e = d.frames.find((f) => f.t === "ERROR");
+    return e?.t === "ERROR" ? e.msg : "accepted";
+  };
+  // 65 s is within the maximum and its 5 s of clock tolerance: such a token is good
+  assert.equal(await authWith(await token(Math.floor(Date.now() / 1000))), "accepted");
+  const r = await api(gw, "POST", "/v1/users/tess/revoke", {});
+  assert.equal(r.status, 200, JSON.stringify(r.json));
+  const iat = (r.json.issued_before as number) - 1;
+  assert.equal(await authWith(await token(iat)), "token revoked");
+  // the gateway would take it until 5 s after its exp (the same tolerance): the revocation must outlive that
+  const acceptedUntil = (iat + 65 + 5) * 1000;
+  assert.ok((r.json.expires_at as number) >= acceptedUntil, `expires_at ${r.json.expires_at as number} is ${acceptedUntil - (r.json.expires_at as number)} ms before the token can no longer be accepted`);
 });
 
 test("users API - presence: which devices are live, where and since when; it follows a device that moves to the other gateway", async () => {
@@ -202,6 +241,9 @@ test("users API - bad input and bounds: named 4xx, nothing done", async () => {
     ["a reason that is not printable ASCII", "POST", "/v1/users/sam/disconnect", { mode: "reconnect", reason: "bye\n" }, 400, /printable/, "reason"],
     ["a reason too long", "POST", "/v1/users/sam/disconnect", { mode: "reconnect", reason: "x".repeat(101) }, 400, /reason/, "reason"],
     ["issued_before not an integer", "POST", "/v1/users/sam/revoke", { issued_before: 1.5 }, 400, /issued_before/, "issued_before"],
+    // a later call cannot lower it: one far ahead would lock the user out until then
+    ["issued_before an hour ahead", "POST", "/v1/users/sam/revoke", { issued_before: Math.floor(Date.now() / 1000) + 3600 }, 400, /^issued_before: \d+ is 3[56]\d\d s ahead; at most 60 s ahead is taken/, "issued_before"],
+    ["issued_before in ms", "POST", "/v1/users/sam/revoke", { issued_before: Date.now() }, 400, /it looks like milliseconds: issued_before is in unix seconds/, "issued_before"],
     ["not JSON", "POST", "/v1/users/sam/disconnect", "{mode:", 400, /not JSON/],
     ["no users", "POST", "/v1/presence", { users: [] }, 400, /users/, "users"],
     ["101 users", "POST", "/v1/presence", { users: Array.from({ length: 101 }, (_, i) => `u${i}`) }, 400, /users/, "users"],
@@ -215,6 +257,12 @@ test("users API - bad input and bounds: named 4xx, nothing done", async () => {
   }
   const wrong = await api(gw1, "GET", "/v1/users/sam/presence", undefined, "nope");
   assert.deepEqual([wrong.status, wrong.json.error], [401, "missing or wrong bearer token"]);
+  const redis = await redisClient(stack.infra.redis.url);
+  try {
+    assert.equal(await redis.hget(keys.revocations(), "u:sam"), null, "no revocation was recorded");
+  } finally {
+    redis.disconnect();
+  }
 });
 
 interface EntriesPage { case: string; reason?: string; trim?: string; entries: { seq: string; id: string; lane: string; ts: number; body_b64: string }[]; next: string; more: boolean }
