@@ -27,6 +27,8 @@ export interface DispatchStats {
   appended: number;
   /** Publish attempts after the first, over all entries. */
   retries: number;
+  /** Ack deadlines that passed while nats-server had not read the publish: held, no copy sent (afterDeadline). */
+  held: number;
   /** Entries whose result was an error. */
   failed: number;
   /** Atomic batches committed, and the entries in them. */
@@ -89,7 +91,7 @@ export interface FlightOptions extends BatchLimits {
 }
 
 export class DispatchFlight {
-  readonly stats: DispatchStats = { appended: 0, retries: 0, failed: 0, batches: 0, batchedEntries: 0, batchFallbacks: 0 };
+  readonly stats: DispatchStats = { appended: 0, retries: 0, held: 0, failed: 0, batches: 0, batchedEntries: 0, batchFallbacks: 0 };
   private nextBatch = 0;
   /** Units awaiting an ack, by reply token; insertion order is deadline order. */
   private readonly pending = new Map<string, Unit>();
@@ -267,6 +269,7 @@ export class DispatchFlight {
     const what = afterDeadline(this.reads.isRead(unit.mark), unit.attempt, this.opts.attempts);
     if (what === "retry") this.failedUnit(unit, why, true);
     else if (what === "hold") {
+      this.stats.held++;
       unit.attempt++;
       unit.deadline = now + this.opts.ackTimeoutMs;
       this.pending.set(token, unit); // last in deadline order; its answer still settles it

@@ -44,6 +44,7 @@ test("dispatcher stall - nothing is published again while nats-server reads noth
   await sleep(ACK_MS * 8);
   assert.equal(link.published.length, 4, "the window's four, once each");
   assert.equal(d.stats.retries, 0);
+  assert.equal(d.stats.held, 4 * 2, "each held at its first two deadlines, given up at its third");
   assert.equal(link.peakHeldBytes, d.inFlightBytes, "the client holds what the window counts: the places stay taken");
   link.resume();
   const results = await pending;
