@@ -174,7 +174,10 @@ export const DispatchResultSchema = z.union([
     shard,
     seq: z.string().regex(/^\d+$/).meta({ description: "The mailbox_seq the device will see, in decimal (it passes 2^53)." }),
     offset: z.number().int().nonnegative().meta({ description: "The entry's offset in its shard's stream." }),
-    duplicate: z.boolean().meta({ description: "The entry was already appended (a retried dispatch_id)." }),
+    duplicate: z.boolean().meta({
+      description:
+        "The entry was already appended by an earlier request with this dispatch_id (a retried dispatch), not by this request. The gateway's own retries of this request never make it true: after an unanswered attempt of its own it compares the stored entry's bytes, which carry the request's time in milliseconds. Limits: the same dispatch twice in one batch with an unanswered attempt (same millisecond, same bytes) answers false; so does an entry whose stored bytes could not be read.",
+    }),
   }),
   z.object({
     user: z.string(),

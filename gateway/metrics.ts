@@ -42,7 +42,7 @@ export class GatewayMetrics {
   revocationCount: () => number = () => 0;
 
   /** The Dispatcher's counters (POST /v1/dispatch), read at each scrape. */
-  dispatchStats: () => DispatchStats = () => ({ appended: 0, retries: 0, failed: 0, batches: 0, batchedEntries: 0, batchFallbacks: 0 });
+  dispatchStats: () => DispatchStats = () => ({ appended: 0, retries: 0, held: 0, failed: 0, batches: 0, batchedEntries: 0, batchFallbacks: 0 });
 
   constructor() {
     const registers = [this.registry];

@@ -124,8 +124,8 @@ function dispatchOperation(batch: boolean): Json {
       },
       "503": {
         description:
-          "NATS is down (lost and reconnecting, or closed): nothing was published, `code` is DISPATCH_UNAVAILABLE, retry after Retry-After seconds with the same dispatch_id. Bad input is still 400 first. Also, without `code` or Retry-After, when JETGATE_SERVICE_TOKEN is not set (the API is off).",
-        headers: { "Retry-After": { description: "Seconds to wait (2); only while NATS is down.", schema: { type: "integer", minimum: 0 } } },
+          "NATS is down (lost and reconnecting, or closed), or the gateway's dispatch queue has no room for the whole request (JETGATE_DISPATCH_QUEUE_BYTES: NATS slow or stalled, or many large requests at once): nothing was published, `code` is DISPATCH_UNAVAILABLE, `error` says which; retry after Retry-After seconds with the same dispatch_id. Bad input is still 400 first. Also, without `code` or Retry-After, when JETGATE_SERVICE_TOKEN is not set (the API is off).",
+        headers: { "Retry-After": { description: "Seconds to wait (2); only with DISPATCH_UNAVAILABLE.", schema: { type: "integer", minimum: 0 } } },
         ...jsonContent(ref("DispatchUnavailable")),
       },
     },

@@ -159,6 +159,8 @@ export const envSchema = z.object({
   JETGATE_MAX_BODY_BYTES: int(1, MAX_BODY_BYTES, 64 * 1024),
   /** What one HTTP dispatch request may append: recipients x body bytes, over a batch's dispatches. */
   JETGATE_DISPATCH_MAX_BYTES: int(MAX_BODY_BYTES, 1024 * 1024 * 1024, 16 * 1024 * 1024),
+  /** What the gateway's Dispatcher may hold queued or in flight (each entry's bytes plus 256); a request that does not fit gets 503. */
+  JETGATE_DISPATCH_QUEUE_BYTES: int(1024 * 1024, 16 * 1024 * 1024 * 1024, 64 * 1024 * 1024),
 
   // worker
   JETGATE_WORKER_ID: optionalStr,

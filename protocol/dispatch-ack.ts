@@ -78,6 +78,36 @@ export function batchAck(a: AckAnswer, n: number): BatchAck {
   return { type: "committed", first: body.seq - n + 1 };
 }
 
+/**
+ * What the Dispatcher does with a unit (an entry, or an atomic batch) whose ack deadline passed,
+ * the `attempt`th of `attempts`. `read`: nats-server has read its publish (it answered that publish
+ * or a later one, or a PING sent after it), or the connection it went out on is gone.
+ * - `retry`: read and not answered (the answer was lost, or JetStream took longer than the
+ *   deadline): publish it again (a batch: its entries one at a time), with the same Nats-Msg-Id.
+ * - `hold`: not read yet (NATS stalled, or far behind): a copy would only wait behind it in the
+ *   client's buffer, so none is sent; the publish keeps its reply token, so its answer, when it
+ *   comes, still settles it. The deadline counts as an attempt.
+ * - `give up`: its last deadline: the result is DISPATCH_TIMEOUT (it may or may not be appended).
+ */
+export function afterDeadline(read: boolean, attempt: number, attempts: number): "retry" | "hold" | "give up" {
+  if (attempt >= attempts) return "give up";
+  return read ? "retry" : "hold";
+}
+
+/**
+ * Whether an entry that answered `duplicate` after an unanswered attempt of its own (an entry, or
+ * its batch) was appended by someone else: a caller's earlier request with the same dispatch_id.
+ * `stored`: the stream's bytes at the offset the duplicate names, `sent` the entry's. The entry's
+ * bytes carry the dispatch call's timestamp (ms), so they equal the stored ones only when the
+ * Dispatcher's own earlier attempt is what landed (or an identical call of the same millisecond).
+ * Unknown (`stored` undefined: the read failed): not a duplicate, the likelier case after an
+ * attempt of its own went unanswered.
+ */
+export function appendedByAnother(stored: Uint8Array | undefined, sent: Uint8Array): boolean {
+  if (stored === undefined) return false;
+  return stored.byteLength !== sent.byteLength || Buffer.compare(stored, sent) !== 0;
+}
+
 /** The wait before attempt `attempt + 1` of an entry whose attempt `attempt` failed: 100 ms doubling, at most 1 s. */
 export function retryDelayMs(attempt: number): number {
   return backoffCeiling(attempt, ENTRY_RETRY);

@@ -39,9 +39,9 @@ export class DispatchValidationError extends JetgateError {
 }
 
 /**
- * NATS cannot be reached (the connection is down and reconnecting, or closed): nothing of this
- * dispatch was published. Retry after `retryAfterMs`; `POST /v1/dispatch` answers it with 503 and
- * Retry-After.
+ * NATS cannot be reached (the connection is down and reconnecting, or closed), or the Dispatcher's
+ * queue has no room for the whole request (queueRefusal): nothing of this dispatch was published.
+ * Retry after `retryAfterMs`; `POST /v1/dispatch` answers it with 503 and Retry-After.
  */
 export class DispatchUnavailableError extends JetgateError {
   readonly retryAfterMs: number;
@@ -51,8 +51,33 @@ export class DispatchUnavailableError extends JetgateError {
   }
 }
 
-/** How soon a caller refused while NATS is away should try again. */
+/** How soon a caller refused while NATS is away, or while the queue is full, should try again. */
 export const DISPATCH_RETRY_AFTER_MS = 2000;
+
+/**
+ * What an entry counts in the Dispatcher's queue beyond its bytes: about what it holds while it
+ * waits (its job, subject and Nats-Msg-Id strings, its result), so that a queue of small entries
+ * is bounded in memory as well as a queue of large ones is in bytes.
+ */
+export const QUEUED_ENTRY_COST = 256;
+
+/** What dispatching `entryBytes` (the encoded entry) to `recipients` users counts in the queue. */
+export function queuedCost(recipients: number, entryBytes: number): number {
+  return recipients * (entryBytes + QUEUED_ENTRY_COST);
+}
+
+/**
+ * The refusal of a request that does not fit in the queue: what is queued or in flight (`queued`,
+ * counted by queuedCost) plus the request's `cost` over `max`. An empty queue takes any request,
+ * so one larger than `max` is not refused for ever; nothing of a refused one is published.
+ */
+export function queueRefusal(queued: number, cost: number, max: number): DispatchUnavailableError | undefined {
+  if (queued === 0 || queued + cost <= max) return undefined;
+  return new DispatchUnavailableError(
+    `the dispatch queue is full (${queued} bytes queued or in flight, this request ${cost}, limit ${max}): nothing was published`,
+    DISPATCH_RETRY_AFTER_MS,
+  );
+}
 
 /**
  * One recipient's outcome. An error: `DISPATCH_REJECTED`, JetStream refused it (not appended);

@@ -7,12 +7,19 @@
  * refused or unanswered is not sent again as a batch: its entries go back to the head of the
  * user's queue and go one at a time, with the same Nats-Msg-Ids, before anything behind them.
  * Different users are pipelined, up to `maxInFlight` entries and `maxInFlightBytes` entry bytes.
+ *
+ * While NATS stalls (its connection open, nothing read) the window also bounds what nats.js holds:
+ * a unit is published again only once nats-server has read its last publish (afterDeadline), and a
+ * unit that ends while its last publish is unread keeps its place in the window until it is read
+ * or its connection is gone. Every publish is numbered (its reply token); an answer, or a PING
+ * answered (DispatchLink.flush), says nats-server has read every publish up to that number.
  */
-import { batchAck, entryAck, retryDelayMs, type AckAnswer } from "../dispatch-ack.js";
-import { DISPATCH_SLICE, type DispatchRegistryView, type DispatchResult } from "../dispatch-request.js";
+import { afterDeadline, appendedByAnother, batchAck, entryAck, retryDelayMs, type AckAnswer } from "../dispatch-ack.js";
+import { DISPATCH_SLICE, QUEUED_ENTRY_COST, type DispatchRegistryView, type DispatchResult } from "../dispatch-request.js";
 import { nextUnit, type BatchLimits } from "../dispatch-units.js";
 import type { MailboxSeq } from "../seq.js";
 import type { DispatchLink } from "./dispatch-link.js";
+import { PublishReads } from "./dispatch-reads.js";
 
 /** Counters of a Dispatcher's life, for metrics. */
 export interface DispatchStats {
@@ -20,6 +27,8 @@ export interface DispatchStats {
   appended: number;
   /** Publish attempts after the first, over all entries. */
   retries: number;
+  /** Ack deadlines that passed while nats-server had not read the publish: held, no copy sent (afterDeadline). */
+  held: number;
   /** Entries whose result was an error. */
   failed: number;
   /** Atomic batches committed, and the entries in them. */
@@ -44,12 +53,17 @@ export interface Job {
   data: Uint8Array;
   /** Its Nats-Msg-Id; the headers are built at each publish, so a queued job holds a string, not a header map. */
   msgId: string;
+  /** Ack deadlines it has had: one per publish, one per deadline held (afterDeadline). */
   attempt: number;
   deadline: number;
   call: Call;
   index: number;
   /** Sent alone from now on: it was in a batch that failed. */
   solo: boolean;
+  /** An earlier publish of it (alone or in its batch) went unanswered and may have landed. */
+  unanswered: boolean;
+  /** The number of its last publish (0: none yet). */
+  mark: number;
 }
 
 /** A user's entries sent as one atomic batch: consecutive in the user's order, one shard stream. */
@@ -59,6 +73,8 @@ interface Batch {
   jobs: Job[];
   bytes: number;
   deadline: number;
+  attempt: number;
+  mark: number;
 }
 
 /** What holds one in-flight place of a user: an entry, or a batch of them. */
@@ -70,12 +86,12 @@ const unitSize = (u: Unit) => (isBatch(u) ? u.jobs.length : 1);
 export interface FlightOptions extends BatchLimits {
   /** How long to wait for one publish's ack before retrying it. */
   ackTimeoutMs: number;
-  /** Publish attempts per entry before its result is an error. */
+  /** Ack deadlines per entry (one per publish, one per deadline held) before its result is DISPATCH_TIMEOUT. */
   attempts: number;
 }
 
 export class DispatchFlight {
-  readonly stats: DispatchStats = { appended: 0, retries: 0, failed: 0, batches: 0, batchedEntries: 0, batchFallbacks: 0 };
+  readonly stats: DispatchStats = { appended: 0, retries: 0, held: 0, failed: 0, batches: 0, batchedEntries: 0, batchFallbacks: 0 };
   private nextBatch = 0;
   /** Units awaiting an ack, by reply token; insertion order is deadline order. */
   private readonly pending = new Map<string, Unit>();
@@ -85,14 +101,18 @@ export class DispatchFlight {
   private readonly waiting: Unit[] = [];
   /** Units holding a place, to be published at the end of this event-loop turn (publishOutbox). */
   private readonly outbox: Unit[] = [];
+  /** Units done whose last publish nats-server has not read: their places are kept until it has (releaseRead). */
+  private readonly unreadDone: Unit[] = [];
   /** Atomic batches in flight per shard. */
   private readonly openBatches = new Map<number, number>();
   /** Shards whose stream refused atomic publish (made by an older jetgate before `registry init`): entries go one by one. */
   private readonly atomicOff = new Set<number>();
   private inFlight = 0;
   private inFlightBytesNow = 0;
+  /** What the jobs not yet settled count (queuedCost): the intake refuses what does not fit. */
+  private queued = 0;
   private outboxScheduled = false;
-  private nextToken = 0;
+  private readonly reads: PublishReads;
   private readonly sweeper: ReturnType<typeof setInterval>;
 
   constructor(
@@ -101,18 +121,27 @@ export class DispatchFlight {
     private readonly opts: FlightOptions,
   ) {
     link.listen((token, answer) => this.onAnswer(token, answer));
+    this.reads = new PublishReads(link, () => {
+      if (this.unreadDone.length > 0) this.releaseRead();
+    }, opts.ackTimeoutMs / 4);
     // One timer for every ack deadline instead of one per publish.
     this.sweeper = setInterval(() => this.sweep(), Math.max(10, Math.min(100, Math.floor(opts.ackTimeoutMs / 4))));
     this.sweeper.unref?.();
   }
 
-  /** Entry bytes of the publishes awaiting an ack now (bounded by `maxInFlightBytes`). */
+  /** Entry bytes of the publishes awaiting an ack now, or done but not yet read by nats-server (bounded by `maxInFlightBytes`). */
   get inFlightBytes(): number {
     return this.inFlightBytesNow;
   }
 
+  /** What the jobs scheduled and not yet settled count (queuedCost). */
+  get queuedBytes(): number {
+    return this.queued;
+  }
+
   /** Takes the job in its user's order: now, if the user has nothing in flight, else behind the user's others. */
   schedule(job: Job): void {
+    this.queued += job.data.byteLength + QUEUED_ENTRY_COST;
     const queue = this.users.get(job.user);
     if (queue !== undefined) {
       // behind this user's job in flight: order per user
@@ -142,26 +171,34 @@ export class DispatchFlight {
     const { n, bytes } = nextUnit(queue, this.opts, { atomicOff: this.atomicOff.has(shard), open });
     if (n === 1) return queue.shift()!;
     this.openBatches.set(shard, open + 1);
-    return { user: queue[0]!.user, shard, jobs: queue.splice(0, n), bytes, deadline: 0 };
+    return { user: queue[0]!.user, shard, jobs: queue.splice(0, n), bytes, deadline: 0, attempt: 0, mark: 0 };
   }
 
   /** Takes the unit's in-flight place; it is published with the rest of this event-loop turn's. */
   private send(unit: Unit): void {
-    if (isBatch(unit)) {
-      this.inFlight += unit.jobs.length;
-      this.inFlightBytesNow += unit.bytes;
-    } else {
-      if (unit.attempt === 0) {
-        this.inFlight++;
-        this.inFlightBytesNow += unit.data.byteLength;
-      } else this.stats.retries++;
-      unit.attempt++;
-    }
+    this.inFlight += unitSize(unit);
+    this.inFlightBytesNow += unitBytes(unit);
+    this.toOutbox(unit);
+  }
+
+  private toOutbox(unit: Unit): void {
     this.outbox.push(unit);
     if (!this.outboxScheduled) {
       this.outboxScheduled = true;
       setImmediate(this.publishOutbox);
     }
+  }
+
+  /** Gives back the unit's place in the window. */
+  private release(unit: Unit): void {
+    this.inFlight -= unitSize(unit);
+    this.inFlightBytesNow -= unitBytes(unit);
+  }
+
+  /** Gives back the place of a unit that is done, once nats-server has read its last publish (nats.js holds it until then). */
+  private releaseWhenRead(unit: Unit): void {
+    if (this.reads.isRead(unit.mark)) this.release(unit);
+    else this.unreadDone.push(unit);
   }
 
   /**
@@ -180,14 +217,18 @@ export class DispatchFlight {
     const deadline = Date.now() + this.opts.ackTimeoutMs;
     for (const unit of units) {
       unit.deadline = deadline;
-      const token = (this.nextToken++).toString(36);
+      unit.attempt++;
+      const before = unit.mark;
+      unit.mark = this.reads.next();
+      const token = unit.mark.toString(36);
       this.pending.set(token, unit);
       try {
         if (isBatch(unit)) this.publishBatch(unit, token);
         else this.link.publish(unit.subject, unit.data, unit.msgId, token);
       } catch (err) {
         this.pending.delete(token);
-        this.failedUnit(unit, err instanceof Error ? err.message : String(err));
+        if (!isBatch(unit)) unit.mark = before; // nothing of it reached nats.js (a batch's first entries may have)
+        this.failedUnit(unit, err instanceof Error ? err.message : String(err), false);
       }
     }
   };
@@ -207,14 +248,48 @@ export class DispatchFlight {
     for (const [token, unit] of this.pending) {
       if (unit.deadline > now) break;
       this.pending.delete(token);
-      this.failedUnit(unit, `ack timeout after ${this.opts.ackTimeoutMs} ms`);
+      this.deadlinePassed(unit, token, now);
     }
+    this.reads.tick(now);
   }
 
-  /** No answer, or the publish was refused by the client: worth another attempt. */
-  private failedUnit(unit: Unit, why: string): void {
-    if (isBatch(unit)) this.failedBatch(unit, false);
-    else this.failedAttempt(unit, why, true);
+  /** Gives back the places of units done whose last publish has now been read, and fills them. */
+  private releaseRead(): void {
+    let kept = 0;
+    for (const unit of this.unreadDone) {
+      if (this.reads.isRead(unit.mark)) this.release(unit);
+      else this.unreadDone[kept++] = unit;
+    }
+    this.unreadDone.length = kept;
+    this.fill();
+  }
+
+  private deadlinePassed(unit: Unit, token: string, now: number): void {
+    const why = `ack timeout after ${this.opts.ackTimeoutMs} ms`;
+    const what = afterDeadline(this.reads.isRead(unit.mark), unit.attempt, this.opts.attempts);
+    if (what === "retry") this.failedUnit(unit, why, true);
+    else if (what === "hold") {
+      this.stats.held++;
+      unit.attempt++;
+      unit.deadline = now + this.opts.ackTimeoutMs;
+      this.pending.set(token, unit); // last in deadline order; its answer still settles it
+    } else if (isBatch(unit)) {
+      this.closeBatch(unit);
+      for (const job of unit.jobs) this.settle(job, this.timedOut(job, why));
+      this.releaseWhenRead(unit);
+      this.advance(unit.user);
+    } else this.finish(unit, this.timedOut(unit, why));
+  }
+
+  /** No answer, or the publish was refused by the client: worth another attempt. `unanswered`: it may have landed. */
+  private failedUnit(unit: Unit, why: string, unanswered: boolean): void {
+    if (isBatch(unit)) {
+      if (unanswered) for (const job of unit.jobs) job.unanswered = true;
+      this.failedBatch(unit, false);
+    } else {
+      if (unanswered) unit.unanswered = true;
+      this.failedAttempt(unit, why, true);
+    }
   }
 
   /**
@@ -228,8 +303,7 @@ export class DispatchFlight {
     this.stats.batchFallbacks++;
     if (atomicOff) this.atomicOff.add(batch.shard);
     this.closeBatch(batch);
-    this.inFlight -= batch.jobs.length;
-    this.inFlightBytesNow -= batch.bytes;
+    this.releaseWhenRead(batch);
     for (const job of batch.jobs) job.solo = true;
     const queue = this.users.get(batch.user);
     this.users.set(batch.user, queue ? [...batch.jobs, ...queue] : batch.jobs.slice());
@@ -248,29 +322,36 @@ export class DispatchFlight {
       return;
     }
     if (job.attempt >= this.opts.attempts) {
-      // said as it is: the entry may have landed (only its ack was not seen)
-      const message = `not confirmed after ${this.opts.attempts} attempts (${why}): it may or may not have been appended; send the same dispatch again, an appended one answers duplicate`;
-      this.finish(job, { user: job.user, shard: job.shard, error: { code: "DISPATCH_TIMEOUT", message } });
+      this.finish(job, this.timedOut(job, why));
       return;
     }
-    // Same Nats-Msg-Id: JetStream drops the copy if the first attempt did land.
-    setTimeout(() => this.send(job), retryDelayMs(job.attempt));
+    // Same Nats-Msg-Id: JetStream drops the copy if the first attempt did land. It keeps its place meanwhile.
+    setTimeout(() => {
+      this.stats.retries++;
+      this.toOutbox(job);
+    }, retryDelayMs(job.attempt));
+  }
+
+  /** Said as it is: the entry may have landed (only its ack was not seen). */
+  private timedOut(job: Job, why: string): DispatchResult {
+    const message = `not confirmed after ${this.opts.attempts} attempts (${why}): it may or may not have been appended; send the same dispatch again, an appended one answers duplicate`;
+    return { user: job.user, shard: job.shard, error: { code: "DISPATCH_TIMEOUT", message } };
   }
 
   private finish(job: Job, result: DispatchResult): void {
-    this.complete(job, result);
+    this.settle(job, result);
+    this.releaseWhenRead(job);
     this.advance(job.user);
   }
 
-  /** The job's result, and its in-flight place given back. */
-  private complete(job: Job, result: DispatchResult): void {
+  /** The job's result. */
+  private settle(job: Job, result: DispatchResult): void {
     if ("error" in result) this.stats.failed++;
     else this.stats.appended++;
+    this.queued -= job.data.byteLength + QUEUED_ENTRY_COST;
     const call = job.call;
     call.results[job.index] = result;
     if (--call.remaining === 0) call.resolve(call.results);
-    this.inFlight--;
-    this.inFlightBytesNow -= job.data.byteLength;
   }
 
   /** The user's unit in flight is done: its next unit joins the waiting line (keeping the user's place), and waiting units take free places. */
@@ -281,20 +362,45 @@ export class DispatchFlight {
       this.waiting.push(this.takeUnit(queue));
       if (queue.length === 0) this.users.set(user, null);
     }
+    this.fill();
+  }
+
+  private fill(): void {
     while (this.waiting.length > 0 && this.fits(this.waiting[0]!)) this.send(this.waiting.shift()!);
   }
 
   private onAnswer(token: string, answer: AckAnswer): void {
     const unit = this.pending.get(token);
-    if (!unit) return; // a late ack of an attempt that already timed out
+    if (!unit) return; // a late ack of a publish sent again since, or of a unit given up
     this.pending.delete(token);
+    this.reads.readUpTo(unit.mark);
     if (isBatch(unit)) {
       this.onBatchAnswer(unit, answer);
       return;
     }
     const ack = entryAck(answer);
     if (ack.type === "failed") this.failedAttempt(unit, ack.message, ack.retryable);
+    else if (ack.duplicate && unit.unanswered) this.ownDuplicate(unit, ack.offset);
     else this.finish(unit, this.resultAt(unit, ack.offset, ack.duplicate));
+  }
+
+  /**
+   * A duplicate after an unanswered attempt of its own: appended, but by that attempt or by a
+   * caller's earlier request? The stored bytes say (appendedByAnother). The user's next entry goes
+   * now; only the result waits for the read.
+   */
+  private ownDuplicate(job: Job, offset: number): void {
+    const result = this.resultAt(job, offset, false);
+    if ("error" in result) {
+      this.finish(job, result);
+      return;
+    }
+    this.release(job);
+    this.advance(job.user);
+    this.link.stored(job.shard, offset, this.opts.ackTimeoutMs).then(
+      (stored) => this.settle(job, { ...result, duplicate: appendedByAnother(stored, job.data) }),
+      () => this.settle(job, result),
+    );
   }
 
   private onBatchAnswer(batch: Batch, answer: AckAnswer): void {
@@ -307,7 +413,8 @@ export class DispatchFlight {
     this.closeBatch(batch);
     this.stats.batches++;
     this.stats.batchedEntries += n;
-    for (let i = 0; i < n; i++) this.complete(batch.jobs[i]!, this.resultAt(batch.jobs[i]!, ack.first + i, false));
+    for (let i = 0; i < n; i++) this.settle(batch.jobs[i]!, this.resultAt(batch.jobs[i]!, ack.first + i, false));
+    this.release(batch);
     this.advance(batch.user);
   }
 

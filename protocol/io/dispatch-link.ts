@@ -5,7 +5,9 @@
  * of `js.publish()`), and the connection's status.
  */
 import { createInbox, headers, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
+import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
 import type { AckAnswer } from "../dispatch-ack.js";
+import { shardStream } from "../subjects.js";
 
 /** One entry of an atomic batch: its place (from 1), and on the last one the commit's answer token. */
 export interface BatchPlace {
@@ -23,6 +25,14 @@ export interface DispatchLink {
   publish(subject: string, data: Uint8Array, msgId: string, token: string): void;
   /** Stages one entry of an atomic batch; the commit (the last) is answered for all. Throws when the client refuses it. */
   publishInBatch(subject: string, data: Uint8Array, msgId: string, batch: BatchPlace): void;
+  /**
+   * Resolves once nats-server has read everything published before the call (a PING answered: it
+   * reads a connection in order); rejects when the connection is lost first (what was published on
+   * it is gone then).
+   */
+  flush(): Promise<void>;
+  /** The bytes of the entry at `offset` of the shard's stream, from the stream's leader; undefined when there is none. */
+  stored(shard: number, offset: number, timeoutMs: number): Promise<Uint8Array | undefined>;
   /** Why NATS cannot be reached now (lost and reconnecting, or closed); undefined while connected. */
   unavailable(): string | undefined;
   /** Stops listening for answers. */
@@ -33,6 +43,7 @@ export class NatsDispatchLink implements DispatchLink {
   private readonly prefix = createInbox("_INBOX_JG");
   readonly name = this.prefix.slice(this.prefix.lastIndexOf(".") + 1);
   private sub: Subscription | undefined;
+  private jsm: JetStreamManager | undefined;
   /** Why NATS cannot be reached now (from the connection's status events); undefined while connected. */
   private down: string | undefined;
 
@@ -76,6 +87,20 @@ export class NatsDispatchLink implements DispatchLink {
       h.set("Nats-Batch-Commit", "1");
       this.nc.publish(subject, data, { reply: `${this.prefix}.${batch.commit}`, headers: h });
     } else this.nc.publish(subject, data, { headers: h });
+  }
+
+  flush(): Promise<void> {
+    return this.nc.flush();
+  }
+
+  /**
+   * STREAM.MSG.GET, answered by the stream's leader: a direct get may be answered by a replica
+   * still catching up, which has no entry the leader acknowledged (gateway/mailbox-nats.ts).
+   */
+  async stored(shard: number, offset: number, timeoutMs: number): Promise<Uint8Array | undefined> {
+    this.jsm ??= await jetstreamManager(this.nc, { checkAPI: false, timeout: timeoutMs });
+    const m = await this.jsm.streams.getMessage(shardStream(shard), { seq: offset });
+    return m?.data;
   }
 
   close(): void {

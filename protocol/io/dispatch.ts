@@ -13,7 +13,8 @@
  * A result's `seq` is the mailbox_seq of the entry (epoch << 48 | offset), derived from the registry
  * state as this Dispatcher sees it when the ack arrives; `offset` is the stream sequence.
  *
- * Here: the intake (validation, the order of calls, refusal while NATS is away). NATS itself is
+ * Here: the intake (validation, the order of calls, refusal while NATS is away or the queue is
+ * full). NATS itself is
  * behind DispatchLink (dispatch-link.ts); the decisions are pure (protocol/dispatch-*.ts).
  */
 import type { NatsConnection } from "@nats-io/transport-node";
@@ -25,6 +26,8 @@ import {
   DISPATCH_SLICE,
   DispatchUnavailableError,
   DispatchValidationError,
+  queueRefusal,
+  queuedCost,
   recipientCount,
   repeatedDispatch,
   validation,
@@ -46,7 +49,10 @@ export interface DispatcherOptions {
   maxBodyBytes?: number;
   /** How long to wait for one publish's ack before retrying it. */
   ackTimeoutMs?: number;
-  /** Publish attempts per entry before its result is an error. */
+  /**
+   * Ack deadlines per entry before its result is DISPATCH_TIMEOUT: each publish has one, and so
+   * has each deadline it is held without a copy while nats-server reads nothing.
+   */
   attempts?: number;
   /** Entries awaiting an ack at once, over all users. */
   maxInFlight?: number;
@@ -70,11 +76,29 @@ export interface DispatcherOptions {
    * Entry bytes awaiting an ack at once, over all users (default 8 MiB): what nats.js holds for
    * its socket. A dispatch to many recipients goes out through this window, never all at once,
    * so memory and each publish's wait for its ack stay bounded however large the dispatch is.
+   * Retries included: while NATS reads nothing, nothing is published again (dispatch-flight.ts).
    */
   maxInFlightBytes?: number;
+  /**
+   * What the entries taken and not yet answered may count, queued or in flight (default 64 MiB):
+   * each entry's bytes plus QUEUED_ENTRY_COST. A call that does not fit is refused whole with
+   * DispatchUnavailableError and nothing published; an empty queue takes any call.
+   */
+  maxQueuedBytes?: number;
 }
 
 const nextTurn = () => new Promise<void>((r) => setImmediate(r));
+
+/** A valid dispatch and its entry as stored, encoded once and shared by every recipient's publish. */
+interface Encoded {
+  r: ValidDispatch;
+  data: Uint8Array;
+}
+
+/** The entry's bytes carry the call's time (ms): an entry of this call is told from another call's by them (appendedByAnother). */
+function encoded(r: ValidDispatch): Encoded {
+  return { r, data: encodeStoredEntry({ id: r.message_id, d: r.dispatch_id, ts: Date.now(), b: r.body as Uint8Array<ArrayBuffer> }) };
+}
 
 /** Runs a sliced step to its end in this turn. */
 function drain<T>(g: Generator<void, T>): T {
@@ -98,6 +122,7 @@ export class LinkDispatcher {
   readonly stats: DispatchStats;
   private readonly flight: DispatchFlight;
   private readonly rules: DispatchRules;
+  private readonly maxQueuedBytes: number;
   /** The end of the intake of calls made while a large one is sliced; undefined when none is. */
   private intake: Promise<void> | undefined;
 
@@ -117,6 +142,7 @@ export class LinkDispatcher {
       maxBatchesPerShard: opts.maxBatchesPerShard ?? 16,
     });
     this.stats = this.flight.stats;
+    this.maxQueuedBytes = opts.maxQueuedBytes ?? 64 * 1024 * 1024;
   }
 
   /** Why a dispatch now would be refused with DispatchUnavailableError; undefined while NATS is reachable. */
@@ -124,12 +150,21 @@ export class LinkDispatcher {
     return this.link.unavailable();
   }
 
-  private refuseWhileDown(): DispatchUnavailableError | undefined {
+  /** Why `calls` now would be refused whole: NATS away, or no room in the queue for all of them. */
+  private refusal(calls: readonly Encoded[]): DispatchUnavailableError | undefined {
     const why = this.unavailable;
-    return why === undefined ? undefined : new DispatchUnavailableError(`${why}: nothing was published`, DISPATCH_RETRY_AFTER_MS);
+    if (why !== undefined) return new DispatchUnavailableError(`${why}: nothing was published`, DISPATCH_RETRY_AFTER_MS);
+    let cost = 0;
+    for (const e of calls) cost += queuedCost(e.r.recipients.length, e.data.byteLength);
+    return queueRefusal(this.flight.queuedBytes, cost, this.maxQueuedBytes);
   }
 
-  /** Entry bytes of the publishes awaiting an ack now (bounded by `maxInFlightBytes`). */
+  /** What queuedBytes counts now: entries taken and not yet answered (bounded by `maxQueuedBytes`). */
+  get queuedBytes(): number {
+    return this.flight.queuedBytes;
+  }
+
+  /** Entry bytes of the publishes awaiting an ack now, or done but not yet read by nats-server (bounded by `maxInFlightBytes`). */
   get inFlightBytes(): number {
     return this.flight.inFlightBytes;
   }
@@ -142,7 +177,7 @@ export class LinkDispatcher {
   /**
    * Appends the entry for every recipient; one result per recipient, in request order. Throws
    * DispatchValidationError on bad input and DispatchUnavailableError while NATS cannot be
-   * reached, in both cases with nothing published.
+   * reached or the queue has no room for it, in every case with nothing published.
    */
   dispatch(req: DispatchRequest): Promise<DispatchResult[]> {
     if (this.intake === undefined && recipientCount(req) <= DISPATCH_SLICE) {
@@ -153,18 +188,19 @@ export class LinkDispatcher {
       } catch (err) {
         return Promise.reject(err instanceof Error ? err : new Error(String(err)));
       }
-      const down = this.refuseWhileDown();
-      if (down !== undefined) return Promise.reject(down);
+      const e = encoded(r);
+      const refused = this.refusal([e]);
+      if (refused !== undefined) return Promise.reject(refused);
       const call = this.newCall(r);
-      drain(this.appending(r, call));
+      drain(this.appending(e, call));
       return call.promise;
     }
     return this.sliced(async () => {
-      const r = await turns(validation(req, this.rules));
-      const down = this.refuseWhileDown();
-      if (down !== undefined) throw down;
-      const call = this.newCall(r);
-      await turns(this.appending(r, call));
+      const e = encoded(await turns(validation(req, this.rules)));
+      const refused = this.refusal([e]);
+      if (refused !== undefined) throw refused;
+      const call = this.newCall(e.r);
+      await turns(this.appending(e, call));
       return { results: call.promise };
     }).then((x) => x.results);
   }
@@ -172,7 +208,8 @@ export class LinkDispatcher {
   /**
    * Many dispatches: every one is validated before any is appended (a bad one throws
    * DispatchValidationError with its index, `dispatches.<i>.<field>`, and nothing is published),
-   * then all are appended in array order, so a user's entries keep that order.
+   * then all are appended in array order, so a user's entries keep that order. Refused whole
+   * (DispatchUnavailableError) when NATS is away or the queue has no room for all of them.
    */
   dispatchMany(reqs: readonly DispatchRequest[]): Promise<DispatchResult[][]> {
     return this.sliced(async () => {
@@ -187,13 +224,14 @@ export class LinkDispatcher {
       }
       const repeat = repeatedDispatch(valid);
       if (repeat !== undefined) throw repeat;
-      const down = this.refuseWhileDown();
-      if (down !== undefined) throw down;
+      const all = valid.map(encoded);
+      const refused = this.refusal(all);
+      if (refused !== undefined) throw refused;
       const calls: Promise<DispatchResult[]>[] = [];
-      for (const r of valid) {
-        const call = this.newCall(r);
+      for (const e of all) {
+        const call = this.newCall(e.r);
         calls.push(call.promise);
-        await turns(this.appending(r, call));
+        await turns(this.appending(e, call));
       }
       return { results: Promise.all(calls) };
     }).then((x) => x.results);
@@ -222,14 +260,13 @@ export class LinkDispatcher {
   }
 
   /** Schedules one publish per recipient (the entry's bytes shared by all), pausing after every DISPATCH_SLICE. */
-  private *appending(r: ValidDispatch, call: Call): Generator<void, void> {
-    const data = encodeStoredEntry({ id: r.message_id, d: r.dispatch_id, ts: Date.now(), b: r.body as Uint8Array<ArrayBuffer> });
+  private *appending({ r, data }: Encoded, call: Call): Generator<void, void> {
     for (let i = 0; i < r.recipients.length; i++) {
       const user = r.recipients[i]!;
       const shard = r.shards[i]!;
       this.flight.schedule({
         user, shard, subject: entrySubject(shard, user, r.lane), data, msgId: entryMsgId(r.dispatch_id, user),
-        attempt: 0, deadline: 0, call, index: i, solo: false,
+        attempt: 0, deadline: 0, call, index: i, solo: false, unanswered: false, mark: 0,
       });
       if ((i + 1) % DISPATCH_SLICE === 0) yield;
     }

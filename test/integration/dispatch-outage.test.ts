@@ -48,6 +48,9 @@ test("dispatch during a NATS outage: 503 with Retry-After naming NATS, a typed e
 
   await stack.infra.nats.start();
   await waitFor("200 once NATS is back", async () => (await post("/v1/dispatch", one("after"))).status === 200, { timeoutMs: 60_000, intervalMs: 250 });
+  // the gateway takes devices again once its own NATS probe (every second) has been answered:
+  // up to a second after dispatch works again (a device connected before that got 503)
+  await waitFor("the gateway ready again", async () => (await gateway.http("/readyz")).status === 200, { timeoutMs: 20_000, intervalMs: 100 });
 
   const dev = await TestDevice.connect(gateway.httpPort);
   dev.send({ t: "AUTH", v: 1, token: await deviceToken("outage"), device: "d1" });

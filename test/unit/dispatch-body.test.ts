@@ -90,7 +90,7 @@ test("dispatch body - parse: not JSON, wrong shapes and both bodies get a named 
     // TextEncoder writes U+FFFD for a lone surrogate: the device would get other bytes than were sent
     [`{"dispatch_id":"a","message_id":"b","lane":"c","recipients":["u"],"body":"x\\ud800y"}`, /^body: must be text: it holds a lone UTF-16 surrogate/],
     [`{"dispatch_id":"a","message_id":"b","lane":"c","recipients":["u"],"body":"\\udc00"}`, /^body: must be text/],
-    [JSON.stringify({ dispatch_id: "a", message_id: "b", lane: "c", recipients: ["u"], body: "x", extra: 1 }), /^request: /],
+    [JSON.stringify({ dispatch_id: "a", message_id: "b", lane: "c", recipients: ["u"], body: "x", extra: 1 }), /^extra: Unrecognized key/], // an unknown field is named
   ];
   for (const [text, re] of bad) {
     const r = parseDispatchBody(Buffer.from(text));

@@ -2,9 +2,10 @@
  * The Dispatcher's decisions in memory (protocol/io/dispatch.ts over a fake DispatchLink):
  * validation before anything is published, refusal while NATS is away, one unit in flight per
  * user (retries, timeouts, atomic batches and their fallback keep a user's order), the in-flight
- * window, and results numbered by the registry at the ack. The fake link is a shard stream with
- * JetStream's dedup by Nats-Msg-Id and all-or-none batches; test/integration/dispatch*.test.ts run
- * the same against nats-server.
+ * window, and results numbered by the registry at the ack. The fake link
+ * (test/harness/dispatch-fakes.ts) is a shard stream with JetStream's dedup by Nats-Msg-Id and
+ * all-or-none batches; test/integration/dispatch*.test.ts run the same against nats-server, and
+ * dispatcher-stall.test.ts what happens while NATS reads nothing.
  */
 import { after, test } from "node:test";
 import assert from "node:assert/strict";
@@ -12,90 +13,12 @@ import { composeSeq, entryMsgId } from "../../protocol/index.js";
 import { batchAck, entryAck, retryDelayMs, type AckAnswer } from "../../protocol/dispatch-ack.js";
 import { MAX_RECIPIENTS, DispatchUnavailableError, DispatchValidationError, type DispatchRequest, type DispatchResult } from "../../protocol/dispatch-request.js";
 import { nextUnit, type BatchLimits } from "../../protocol/dispatch-units.js";
-import type { BatchPlace, DispatchLink } from "../../protocol/io/dispatch-link.js";
 import { LinkDispatcher, type DispatcherOptions } from "../../protocol/io/dispatch.js";
+import { FakeLink, json, type Policy } from "../harness/dispatch-fakes.js";
 
 // The Dispatcher's sweeper timer does not hold the process up (unref): this does, while acks are awaited.
 const alive = setInterval(() => undefined, 60_000);
 after(() => clearInterval(alive));
-
-const json = (v: unknown): AckAnswer => ({ data: new TextEncoder().encode(JSON.stringify(v)) });
-
-/**
- * What the fake stream does with a publish (or a batch's commit): append it and answer; append it
- * and lose the answer ("lost"); neither ("drop"); have the client refuse it ("throw"); or answer as told.
- */
-type Policy = (p: { msgIds: string[]; attempt: number }) => "append" | "lost" | "drop" | "throw" | AckAnswer;
-
-/** One shard stream behind a fake NATS connection: offsets from 1, dedup by Nats-Msg-Id, atomic batches all or none. */
-class FakeLink implements DispatchLink {
-  readonly name = "fake";
-  down: string | undefined;
-  closed = false;
-  policy: Policy = () => "append";
-  /** msgIds by offset - 1. */
-  readonly stored: string[] = [];
-  /** Every publish and batch commit, in order. */
-  readonly published: { msgIds: string[]; batch: boolean }[] = [];
-  /** Publishes whose answer has not come, at most at once. */
-  unanswered = 0;
-  peakUnanswered = 0;
-  private onAnswer!: (token: string, a: AckAnswer) => void;
-  private staged: string[] = [];
-  private readonly attempts = new Map<string, number>();
-
-  listen(onAnswer: (token: string, a: AckAnswer) => void): void {
-    this.onAnswer = onAnswer;
-  }
-  unavailable(): string | undefined {
-    return this.down;
-  }
-  close(): void {
-    this.closed = true;
-  }
-  publish(_subject: string, _data: Uint8Array, msgId: string, token: string): void {
-    this.handle([msgId], false, token);
-  }
-  publishInBatch(_subject: string, _data: Uint8Array, msgId: string, batch: BatchPlace): void {
-    this.staged.push(msgId);
-    if (batch.commit === undefined) return;
-    const ids = this.staged;
-    this.staged = [];
-    this.handle(ids, true, batch.commit);
-  }
-  private handle(msgIds: string[], batch: boolean, token: string): void {
-    const key = msgIds.join(",");
-    const attempt = (this.attempts.get(key) ?? 0) + 1;
-    this.attempts.set(key, attempt);
-    const what = this.policy({ msgIds, attempt });
-    if (what === "throw") throw new Error("the client refused the publish");
-    this.published.push({ msgIds, batch });
-    if (what === "drop") return;
-    if (what === "lost") return void this.append(msgIds, batch);
-    this.unanswered++;
-    this.peakUnanswered = Math.max(this.peakUnanswered, this.unanswered);
-    setImmediate(() => {
-      this.unanswered--;
-      this.onAnswer(token, what === "append" ? this.append(msgIds, batch) : what);
-    });
-  }
-  private append(msgIds: string[], batch: boolean): AckAnswer {
-    const at = (id: string) => this.stored.indexOf(id) + 1;
-    if (batch) {
-      if (msgIds.some((id) => at(id) > 0)) return json({ error: { code: 400, err_code: 10201, description: "duplicate message id in batch" } });
-      this.stored.push(...msgIds);
-      return json({ stream: "MBX_0", seq: this.stored.length, batch: "b", count: msgIds.length });
-    }
-    const id = msgIds[0]!;
-    if (at(id) > 0) return json({ stream: "MBX_0", seq: at(id), duplicate: true });
-    this.stored.push(id);
-    return json({ stream: "MBX_0", seq: this.stored.length });
-  }
-  /** The users' entries' msgIds, as the stream holds them. */
-  ids(): string[] {
-    return this.stored.slice();
-  }
-}
 
 let epoch = 0;
 /** Offsets from this one on have no seq in the registry (an offset past the 48-bit field). */
@@ -198,7 +121,7 @@ test("dispatcher - a user's entries stay in call order through refused publishes
   const ann = (await Promise.all(calls)).map((r) => ok(r[0]));
   assert.equal(bob.offset, 1, "bob was not held behind ann's trouble");
   assert.deepEqual(link.ids().filter((id) => id.endsWith(":ann")), ["a1", "a2", "a3", "a4"].map((id) => entryMsgId(id, "ann")), "ann's entries once each, in call order");
-  assert.deepEqual(ann.map((r) => r.duplicate), [false, true, false, false], "a2 landed on a try whose ack was lost: the next answers duplicate");
+  assert.deepEqual(ann.map((r) => r.duplicate), [false, false, false, false], "a2 landed on its own try whose ack was lost: not a duplicate for the caller");
   const order = link.published.map((p) => p.msgIds[0]!).filter((id) => id.endsWith(":ann"));
   assert.ok(order.indexOf(entryMsgId("a3", "ann")) > order.lastIndexOf(entryMsgId("a2", "ann")), "a3 waited for a2's last attempt");
   assert.equal(d.stats.retries, 5, "a1 once, a2 three times, a3 once");
@@ -222,7 +145,7 @@ test("dispatcher - a refusal not worth a retry is DISPATCH_REJECTED; no ack afte
 
 test("dispatcher - an offset the registry numbers no seq for is DISPATCH_REJECTED, not a wrong seq", async () => {
   const { link, d } = rig();
-  link.stored.push("filler");
+  link.preload("filler");
   noSeqFrom = 2;
   const [r] = await d.dispatch(req("late", ["ann"]));
   noSeqFrom = Infinity;
@@ -245,7 +168,7 @@ test("dispatcher - a batch refused (an entry of it already landed) or unanswered
   const { link, d } = rig({ minBatch: 3, maxBatch: 3 });
   const ann = (ids: string[]) => Promise.all(ids.map((id) => d.dispatch(req(id, ["ann"])))).then((rs) => rs.map((r) => ok(r[0])));
   // refused: f2 landed before (from a batch whose answer was lost); g0 and g1 wait behind the batch
-  link.stored.push(entryMsgId("f2", "ann"));
+  link.preload(entryMsgId("f2", "ann"));
   const f = await ann(["f0", "f1", "f2", "f3", "g0", "g1"]);
   assert.deepEqual(f.map((r) => r.duplicate), [false, false, true, false, false, false], "f2 answers duplicate at its offset");
   assert.equal(f[2]!.offset, 1);
