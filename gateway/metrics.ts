@@ -32,6 +32,7 @@ export class GatewayMetrics {
   readonly tailFills: Counter;
   readonly devicesEvicted: Counter;
   readonly registryRecord: Gauge;
+  readonly uwsBinary: Gauge<"binary">;
   readonly pushLatency: Histogram;
 
   /** The Dispatcher's counters (POST /v1/dispatch), read at each scrape. */
@@ -70,6 +71,7 @@ export class GatewayMetrics {
     this.tailFills = c("jetgate_gateway_tail_fills_total", "Live sessions found behind their user's head, and filled: by the periodic tail check (a lost last push), or after their user's route was registered again (Redis had lost it).");
     this.devicesEvicted = c("jetgate_gateway_device_state_evicted_total", "Devices whose stored ACK state was dropped for a newer device of the same user (JETGATE_MAX_DEVICES_PER_USER).");
     this.registryRecord = new Gauge({ name: "jetgate_gateway_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });
+    this.uwsBinary = new Gauge({ name: "jetgate_gateway_uws_binary_info", help: "1, labelled with the native uWebSockets.js module this gateway serves on (it starts on nothing else).", labelNames: ["binary"], registers });
     // 1 ms .. 10 s; a push later than that is an outage, which the +Inf bucket still counts
     this.pushLatency = new Histogram({
       name: "jetgate_gateway_push_latency_seconds",

@@ -40,7 +40,7 @@ export function runAsMain(metaUrl: string, main: () => Promise<void>): void {
   if (metaUrl !== `file://${process.argv[1]}`) return;
   main().catch((err: unknown) => {
     // errors that say all there is to say: their message, without a stack
-    console.error(["ConfigError", "NatsServerTooOldError"].includes((err as Error)?.name) ? (err as Error).message : err);
+    console.error(["ConfigError", "NatsServerTooOldError", "UwsLoadError"].includes((err as Error)?.name) ? (err as Error).message : err);
     process.exit(1);
   });
 }
