@@ -135,7 +135,7 @@ function aptConfig(apt: string): NodeJS.ProcessEnv {
 /** Debian 13's libraries and bookworm's patchelf, as .deb files in tmp/debs. */
 async function fetchDebs(tmp: string): Promise<string[]> {
   const env = aptConfig(join(tmp, "apt"));
-  await run("apt-get", ["-q", "update"], { env }).catch((err: Error) => {
+  await run("apt-get", ["-q", "update", "--error-on=any"], { env }).catch((err: Error) => {
     throw new ProvisionError(`${err.message}\n(is Debian ${GLIBC_SUITE}'s key in ${KEYRING}? debian-archive-keyring >= 2023.3 carries it)`);
   });
   const debs = join(tmp, "debs");

@@ -34,7 +34,7 @@ export function hostProblem(line: NodeLine): string | undefined {
   if (line === "24" && major < 22) problems.push(`this host's node ${process.version} is older than 22`);
   if (line === "22" && major !== 22) problems.push(`this host's node is ${process.version}, not 22`);
   if (glibc !== undefined && versionBelow(glibc, UWS_MIN_GLIBC)) problems.push(`its glibc ${glibc} is older than the ${UWS_MIN_GLIBC} uWebSockets.js's binaries need`);
-  if (problems.length > 0) return problems.join(" and ");
+  if (problems.length > 0) return problems.join("; ");
   const probe = spawnSync(process.execPath, ["-e", "require('uWebSockets.js')"], { cwd: ROOT, encoding: "utf8" });
   if (probe.status === 0) return undefined;
   return `uWebSockets.js does not load on this host's node ${process.version}: ${probe.stderr.trim().split("\n").filter((l) => /Error/.test(l)).at(-1) ?? probe.stderr.trim()}`;

@@ -2,7 +2,7 @@
 
 /**
  * Last words for anything that escaped a handler: one fatal JSON log line, then exit 1 (the
- * platform restarts the process). Without it Node 20 also exits, but the logs would not say why.
+ * platform restarts the process). Without it Node also exits (since 15), but the logs would not say why.
  */
 export function exitOnUnhandledRejection(component: string): void {
   process.on("unhandledRejection", (err) => {
