@@ -1,7 +1,8 @@
 # jetgate: one image for gateway, worker and the jetgate CLI (the chart picks the command).
-# Debian bookworm (glibc 2.36): the uWebSockets.js build installed by package.json targets it.
+# Node 24 on Debian 13 (trixie, glibc 2.41): uWebSockets.js's binaries need glibc >= 2.38 and have
+# no pure-JS fallback (docs/gateway.md#uwebsocketsjs), so both stages run where they load natively.
 
-FROM node:20-bookworm-slim AS build
+FROM node:24-trixie-slim AS build
 WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
@@ -12,7 +13,7 @@ COPY worker ./worker
 COPY client ./client
 RUN npm run build && npm ci --omit=dev --no-audit --no-fund
 
-FROM node:20-bookworm-slim
+FROM node:24-trixie-slim
 ENV NODE_ENV=production JETGATE_ENV=production
 WORKDIR /app
 COPY --from=build --chown=root:root /app/node_modules ./node_modules

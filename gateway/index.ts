@@ -4,4 +4,4 @@ export { decideAuth, positionIn, type AuthDecision, type AuthInput, type AuthCas
 export { Session, type Transport, type SessionState } from "./session.js";
 export { MailboxReader } from "./mailbox-reader.js";
 export { tokenVerifier, TokenError, type TokenVerifier, type DeviceClaims } from "./jwt.js";
-export { loadUws, UwsFallbackError } from "./uws.js";
+export { loadUws, UwsLoadError } from "./uws.js";

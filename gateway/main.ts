@@ -5,6 +5,7 @@
  */
 import { randomBytes } from "node:crypto";
 import type { AddressInfo } from "node:net";
+import { basename } from "node:path";
 import { pino } from "pino";
 import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
 import { Disconnect, ingressMsgId, ingressSubject, RedisKeys, cursorSigner, loadConfig } from "../protocol/index.js";
@@ -46,14 +47,14 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   const gatewayId = config.JETGATE_GATEWAY_ID ?? `gw-${randomBytes(6).toString("hex")}`;
   exitOnUnhandledRejection("gateway");
   const log = pino({ level: config.JETGATE_LOG_LEVEL, base: { component: "gateway", gateway: gatewayId } });
-  const { uws, native } = loadUws(config.JETGATE_ALLOW_UWS_FALLBACK);
-  if (!native) log.warn("running on the pure-JS uWebSockets.js fallback (JETGATE_ALLOW_UWS_FALLBACK=true): expect a fraction of the native capacity");
+  const { uws, binary } = loadUws();
   const nc = await connectNats(config, `jetgate-gateway-${gatewayId}`);
   const redis = connectRedis(config, `jetgate-gateway-${gatewayId}`);
   redis.on("error", (err: Error) => log.warn({ err: err.message }, "redis error"));
   const registry = await RegistryClient.open(nc, { ...registryLogging(log), lagMs: config.JETGATE_FAULT_REGISTRY_LAG_MS, loadTimeoutMs: 10_000 + config.JETGATE_FAULT_REGISTRY_LAG_MS });
   const keys = new RedisKeys(config.JETGATE_REDIS_PREFIX);
   const metrics = new GatewayMetrics();
+  metrics.uwsBinary.set({ binary: basename(binary) }, 1);
   const health = new DependencyHealth(nc, redis, {
     timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, log, metrics: { registry: metrics.registry, prefix: "jetgate_gateway_" },
     redisProbeKey: new RedisKeys(config.JETGATE_REDIS_PREFIX).healthProbe(`gateway-${gatewayId}`),
@@ -133,7 +134,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   };
   const usersApi: UsersApiDeps = { config, nc, redis, keys, revocationStore, registry, mailbox, cursors: ctx.cursors, metrics, roster, timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS };
   const server = await startServer(uws, config, ctx, dispatcher, () => health.problems(), admin, usersApi);
-  log.info({ port: server.port, opsPort: (ops.address() as AddressInfo).port, native }, "gateway listening");
+  log.info({ port: server.port, opsPort: (ops.address() as AddressInfo).port, uws: basename(binary) }, "gateway listening");
 
   const shutdown = (signal: string) => {
     draining = true;

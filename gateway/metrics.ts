@@ -36,6 +36,7 @@ export class GatewayMetrics {
   readonly revocationLoads: Counter<"why">;
   readonly revocationChanges: Counter;
   readonly revocationsMalformed: Counter;
+  readonly uwsBinary: Gauge<"binary">;
   readonly pushLatency: Histogram;
 
   /** How many revocations the gateway holds, read at each scrape. */
@@ -82,6 +83,7 @@ export class GatewayMetrics {
     this.revocationLoads = c("jetgate_gateway_revocation_loads_total", "Whole reads of the revocations in Redis, by why (start; log_gap: the change log no longer holds the last entry read: trimmed, or lost).", ["why"]);
     this.revocationChanges = c("jetgate_gateway_revocation_changes_total", "Revocations read from the change log in Redis (each also heard over NATS, unless the message was missed).");
     this.revocationsMalformed = c("jetgate_gateway_revocations_malformed_total", "Revocations in Redis that did not parse: skipped.");
+    this.uwsBinary = new Gauge({ name: "jetgate_gateway_uws_binary_info", help: "1, labelled with the native uWebSockets.js module this gateway serves on (it starts on nothing else).", labelNames: ["binary"], registers });
     // 1 ms .. 10 s; a push later than that is an outage, which the +Inf bucket still counts
     this.pushLatency = new Histogram({
       name: "jetgate_gateway_push_latency_seconds",

@@ -95,7 +95,7 @@ export function startServer(
     maxPayloadLength: config.JETGATE_MAX_PAYLOAD * 2, // hard stop; the session answers 4413 above the configured limit
     idleTimeout: config.JETGATE_IDLE_TIMEOUT_S,
     maxBackpressure: config.JETGATE_MAX_BACKPRESSURE * 2, // the session closes 4408 at the configured limit first
-    closeOnBackpressureLimit: 1, // never silently drop a frame
+    closeOnBackpressureLimit: true, // never silently drop a frame
     sendPingsAutomatically: true,
     upgrade: (res, req, context) => {
       if (!upgrades) {

@@ -209,7 +209,6 @@ export const envSchema = z.object({
   JETGATE_MAX_PAYLOAD: int(256, 16 * 1024 * 1024, 128 * 1024),
   JETGATE_MAX_BACKPRESSURE: int(64 * 1024, 256 * 1024 * 1024, 1024 * 1024),
   JETGATE_DRAIN_MS: int(0, 600_000, 10_000),
-  JETGATE_ALLOW_UWS_FALLBACK: bool(false),
   /** `npm start` may install redis-server with apt-get when it is missing. */
   JETGATE_START_INSTALL: bool(true),
   /** Where built tools are kept (the pinned nats-server): default `$XDG_CACHE_HOME/jetgate`, else `~/.cache/jetgate`. */

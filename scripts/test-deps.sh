@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # What `npm test` needs of the system, installed when missing (npm runs this as `pretest`): apt-get
 # as root; otherwise it stops at once, naming the one command to run. Then the pinned nats-server
-# (scripts/pinned.ts: built with go install into ~/.cache/jetgate once per machine).
+# and Helm (scripts/pinned.ts: built with go install into ~/.cache/jetgate once per machine; Helm
+# because the chart test lints and renders the chart with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pinned() { node --import tsx scripts/pinned.ts install >/dev/null; }
+pinned() { node --import tsx scripts/pinned.ts install nats-server helm >/dev/null; }
 missing=()
 # Debian's nats-server (2.9.10 on bookworm) only for the test that the processes refuse a server
 # older than 2.12.1; every other test runs the pinned one
@@ -14,10 +15,6 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)   # the TLS tests make a throwaway CA
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)        # the partition tests: network namespaces
 command -v setpriv >/dev/null 2>&1 || missing+=(util-linux) # ... and their check without CAP_NET_ADMIN
-# the chart render test builds tools/chart-render (helm's template engine) from Debian's Go sources
-gosrc=/usr/share/gocode/src
-{ command -v go && [ -d $gosrc/github.com/Masterminds/sprig ] && [ -d $gosrc/gopkg.in/yaml.v3 ] && [ -d $gosrc/github.com/xeipuuv/gojsonschema ]; } >/dev/null 2>&1 \
-  || missing+=(golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev golang-github-xeipuuv-gojsonschema-dev)
 if [ ${#missing[@]} -eq 0 ]; then pinned; exit 0; fi
 if [ "$(id -u)" != 0 ]; then
   echo "npm test needs: sudo apt-get install -y ${missing[*]}" >&2

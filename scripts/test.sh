@@ -4,7 +4,10 @@
 # fault and alone suites without a word.)
 set -u
 cd "$(dirname "$0")/.."
-node=${JETGATE_TEST_NODE:-node}
+# the node jetgate runs on here (scripts/runtime.ts): the host's when it loads uWebSockets.js's
+# binary, else the provisioned Node 24; it says which in one line
+node=${JETGATE_TEST_NODE:-$(node --import tsx scripts/runtime.ts)} || { echo "npm test: no node to run the tests on (scripts/runtime.ts said why above)" >&2; exit 1; }
+export PATH="$(dirname "$node"):$PATH"
 results=()
 failed=0
 suite() {

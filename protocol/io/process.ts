@@ -2,7 +2,7 @@
 
 /**
  * Last words for anything that escaped a handler: one fatal JSON log line, then exit 1 (the
- * platform restarts the process). Without it Node 20 also exits, but the logs would not say why.
+ * platform restarts the process). Without it Node also exits (since 15), but the logs would not say why.
  */
 export function exitOnUnhandledRejection(component: string): void {
   process.on("unhandledRejection", (err) => {
@@ -40,7 +40,7 @@ export function runAsMain(metaUrl: string, main: () => Promise<void>): void {
   if (metaUrl !== `file://${process.argv[1]}`) return;
   main().catch((err: unknown) => {
     // errors that say all there is to say: their message, without a stack
-    console.error(["ConfigError", "NatsServerTooOldError"].includes((err as Error)?.name) ? (err as Error).message : err);
+    console.error(["ConfigError", "NatsServerTooOldError", "UwsLoadError"].includes((err as Error)?.name) ? (err as Error).message : err);
     process.exit(1);
   });
 }

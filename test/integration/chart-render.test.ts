@@ -1,7 +1,7 @@
 /**
- * The chart, rendered: tools/chart-render (Helm's engine: Go's text/template and sprig, from
- * Debian's packages) renders k8s/jetgate for the default values and for values-ha.yaml; every
- * object must validate against Kubernetes' API schemas (kubernetes-models, and the
+ * The chart, linted and rendered by Helm itself (the pinned build, scripts/pinned.ts: `helm lint
+ * --strict` and `helm template`) for the default values, values-ha.yaml and every optional branch;
+ * every object must validate against Kubernetes' API schemas (kubernetes-models, and the
  * prometheus-operator CRDs) and have no field those schemas do not know (kubernetes-models' types,
  * by TypeScript's excess-property check: the schemas alone allow unknown fields, which kubectl and
  * helm refuse), and hang together as an install needs: selectors that select, Services and Ingress
@@ -12,7 +12,7 @@ import { before, after, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import { generateKeyPairSync } from "node:crypto";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -31,7 +31,9 @@ import { Ingress, type IIngress } from "kubernetes-models/networking.k8s.io/v1/I
 import { ServiceMonitor, type IServiceMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor";
 import { PrometheusRule, type IPrometheusRule } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PrometheusRule";
 import { ENV_VARS, loadConfig, type ConfigRole } from "../../protocol/index.js";
-import { CHART_DIR, buildRenderer } from "../../scripts/chart-render.js";
+import { ensurePinned } from "../../scripts/pinned.js";
+
+const CHART_DIR = fileURLToPath(new URL("../../k8s/jetgate", import.meta.url));
 
 interface Obj {
   apiVersion: string;
@@ -61,9 +63,9 @@ const TYPES: Record<string, [string, string]> = {
 
 let dir = "";
 let bin = "";
-before(() => {
+before(async () => {
   dir = mkdtempSync(join(tmpdir(), "chart-render-"));
-  bin = buildRenderer(join(dir, "build")); // throws, naming the missing Debian packages
+  bin = await ensurePinned("helm", (m) => console.error(m)); // npm test's pretest builds it; alone, this does once
 });
 after(() => rmSync(dir, { recursive: true, force: true }));
 
@@ -74,14 +76,21 @@ function valuesFile(values: unknown): string {
   return f;
 }
 
-function run(args: string[]): { status: number | null; stdout: string; stderr: string } {
-  const r = spawnSync(bin, args, { encoding: "utf8" });
+/** helm ARGS, with a HOME of its own: nothing of the machine's Helm configuration counts. */
+function helm(args: string[]): { status: number | null; stdout: string; stderr: string } {
+  const home = join(dir, "home");
+  const r = spawnSync(bin, args, { encoding: "utf8", env: { PATH: process.env.PATH ?? "", HOME: home, XDG_CACHE_HOME: join(home, "cache"), XDG_CONFIG_HOME: join(home, "config"), XDG_DATA_HOME: join(home, "data") } });
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
+/** `helm template` of the chart with these values files; `release`: NAME and flags (default: no name, as helm's release-name). */
+function run(valueFiles: string[], release: string[] = []): { status: number | null; stdout: string; stderr: string } {
+  return helm(["template", ...release, CHART_DIR, ...valueFiles.flatMap((f) => ["-f", f])]);
+}
+
 function render(valueFiles: string[], release: string[] = []): Obj[] {
-  const r = run([...valueFiles.flatMap((f) => ["-f", f]), ...release, CHART_DIR]);
-  assert.equal(r.status, 0, `chart-render failed: ${r.stderr}`);
+  const r = run(valueFiles, release);
+  assert.equal(r.status, 0, `helm template failed: ${r.stderr}`);
   const objs: Obj[] = [];
   for (const part of r.stdout.split(/^---\n/m).slice(1)) {
     const source = /^# Source: (\S+)/.exec(part)?.[1];
@@ -377,7 +386,7 @@ test("chart render - no rendered object has a field Kubernetes does not know", (
 
 test("chart render - required values and misplaced settings fail the render, naming the value", () => {
   const fails = (values: unknown, message: RegExp) => {
-    const r = run(["-f", valuesFile(values), CHART_DIR]);
+    const r = run([valuesFile(values)]);
     assert.notEqual(r.status, 0, `rendered although ${message}`);
     assert.match(r.stderr, message);
     assert.equal(r.stdout, "", "no manifests from a failed render");
@@ -388,84 +397,23 @@ test("chart render - required values and misplaced settings fail the render, nam
   // an env entry would silently win over the ConfigMap's value
   fails({ secrets: { existingSecret: "jetgate" }, config: { JETGATE_NATS_URL: "nats://elsewhere:4222" } }, /config\.JETGATE_NATS_URL is set by the chart: use nats\.url/);
   // values.schema.json, as helm checks it
-  fails({ secrets: { existingSecret: "jetgate" }, gateway: { replica: 3 } }, /values don't meet the specifications[\s\S]*\n- gateway: Additional property replica is not allowed/);
-  fails({ secrets: { existingSecret: "jetgate" }, config: { JETGATE_LANES: 3 } }, /config\.JETGATE_LANES: Invalid type\. Expected: string, given: integer/);
+  fails({ secrets: { existingSecret: "jetgate" }, gateway: { replica: 3 } }, /values don't meet the specifications[\s\S]*\n- at '\/gateway': additional properties 'replica' not allowed/);
+  fails({ secrets: { existingSecret: "jetgate" }, config: { JETGATE_LANES: 3 } }, /- at '\/config\/JETGATE_LANES': got number, want string/);
   // the Secret named instead of the values: nothing to require
-  assert.equal(run(["-f", valuesFile({ secrets: { existingSecret: "jetgate" } }), CHART_DIR]).status, 0);
+  assert.equal(run([valuesFile({ secrets: { existingSecret: "jetgate" } })]).status, 0);
 });
 
-test("chart render - the renderer behaves as Helm's engine", () => {
-  const chart = join(dir, "fixture");
-  mkdirSync(join(chart, "templates"), { recursive: true });
-  mkdirSync(join(chart, "files"));
-  writeFileSync(join(chart, "Chart.yaml"), "apiVersion: v2\nname: fixture\nversion: 1.2.3\nappVersion: \"4.5\"\n");
-  writeFileSync(join(chart, "values.yaml"), "a: { b: 1, c: keep }\nbig: 1000000\ndropped: here\nlist: [x, y]\nexpr: '{{ .Release.Name }}-x'\n");
-  writeFileSync(join(chart, "files/hello.txt"), "hello from a file");
-  writeFileSync(join(chart, "templates/_helpers.tpl"), '{{- define "fixture.name" -}}{{ .Chart.Name }}-{{ .Release.Name }}{{- end -}}\nnot printed\n');
-  writeFileSync(join(chart, "templates/NOTES.txt"), "notes are not manifests {{ .Release.Name }}\n");
-  writeFileSync(join(chart, "templates/empty.yaml"), "{{- if false }}\nkind: Nothing\n{{- end }}\n");
-  writeFileSync(
-    join(chart, "templates/cm.yaml"),
-    [
-      "apiVersion: v1",
-      "kind: ConfigMap",
-      "metadata:",
-      '  name: {{ include "fixture.name" . }}',
-      "data:",
-      "  missing: '{{ .Values.nothing }}'",
-      "  merged: {{ toJson .Values.a | quote }}",
-      "  big: '{{ .Values.big }}'",
-      "  dropped: '{{ .Values.dropped }}'",
-      "  tpl: {{ tpl .Values.expr . | quote }}",
-      "  yaml: {{ toYaml .Values.a | quote }}",
-      "  fromYaml: {{ (fromYaml \"k: v\").k | quote }}",
-      "  fromJson: {{ (fromJson \"{\\\"k\\\": 2}\").k | quote }}",
-      "  file: {{ .Files.Get \"files/hello.txt\" | quote }}",
-      "  chartFiles: {{ .Files.Get \"values.yaml\" | quote }}",
-      "  caps: {{ list (.Capabilities.APIVersions.Has \"apps/v1\") (.Capabilities.APIVersions.Has \"monitoring.coreos.com/v1/ServiceMonitor\") (.Capabilities.APIVersions.Has \"nope/v1\") | toJson | quote }}",
-      "  kube: {{ semverCompare \">=1.30-0\" .Capabilities.KubeVersion.Version | quote }}",
-      "  release: {{ printf \"%s %s %s %v %v %v\" .Release.Name .Release.Namespace .Release.Service .Release.IsInstall .Release.IsUpgrade .Release.Revision | quote }}",
-      "  chart: {{ printf \"%s %s %s\" .Chart.Name .Chart.Version .Chart.AppVersion | quote }}",
-      "  template: {{ printf \"%s %s\" .Template.Name .Template.BasePath | quote }}",
-      "  lookup: {{ lookup \"v1\" \"Secret\" \"ns\" \"x\" | toJson | quote }}",
-      "  sprig: {{ .Values.list | join \"+\" | upper | quote }}",
-      "---",
-      "# only a comment, kept as helm keeps it",
-      "---",
-      "",
-    ].join("\n"),
-  );
-  const over = valuesFile({ a: { b: 2 }, dropped: null });
-  const r = run(["-f", over, "rel", chart]);
-  assert.equal(r.status, 0, r.stderr);
-  assert.doesNotMatch(r.stdout, /notes are not manifests|not printed|Nothing/);
-  const parts = r.stdout.split(/^---\n/m).slice(1);
-  assert.deepEqual(parts.map((p) => p.split("\n")[0]), ["# Source: fixture/templates/cm.yaml", "# Source: fixture/templates/cm.yaml"]);
-  assert.equal(parts[1], "# Source: fixture/templates/cm.yaml\n# only a comment, kept as helm keeps it\n");
-  const cm = parseAllDocuments(parts[0]!)[0]!.toJS() as { metadata: { name: string }; data: Record<string, string> };
-  assert.equal(cm.metadata.name, "fixture-rel");
-  assert.deepEqual(cm.data, {
-    missing: "", // missingkey=zero, "<no value>" blanked
-    merged: '{"b":2,"c":"keep"}', // -f deep-merges
-    big: "1e+06", // numbers from values files are float64 in Helm: a known helm trap, kept
-    dropped: "", // null in a -f file deletes the key
-    tpl: "rel-x",
-    yaml: "b: 2\nc: keep",
-    fromYaml: "v",
-    fromJson: "2",
-    file: "hello from a file",
-    chartFiles: "", // values.yaml is not among .Files, as in Helm
-    caps: "[true,true,false]",
-    kube: "true",
-    release: "rel default Helm true false 1",
-    chart: "fixture 1.2.3 4.5",
-    template: "fixture/templates/cm.yaml fixture/templates",
-    lookup: "{}",
-    sprig: "X+Y",
-  });
-  // a template error names the file and line
-  writeFileSync(join(chart, "templates/broken.yaml"), "x: {{ .Values.a.b.c.d }}\n");
-  const broken = run([chart]);
-  assert.notEqual(broken.status, 0);
-  assert.match(broken.stderr, /fixture\/templates\/broken\.yaml:1/);
+test("chart render - helm lint --strict passes the default values, values-ha.yaml and every optional branch", () => {
+  const lint = (valueFiles: string[], flags: string[] = []) => {
+    const r = helm(["lint", "--strict", ...flags, CHART_DIR, ...valueFiles.flatMap((f) => ["-f", f])]);
+    assert.equal(r.status, 0, `helm lint --strict ${valueFiles.join(" ")}:\n${r.stdout}${r.stderr}`);
+    assert.match(r.stdout, /1 chart\(s\) linted, 0 chart\(s\) failed/);
+  };
+  lint([valuesFile(DEFAULTS_WITH_SECRETS)]);
+  lint([HA]);
+  lint([HA, valuesFile(EXTRAS)], ["--namespace", "edge"]);
+  // and it fails the values the render refuses
+  const bad = helm(["lint", "--strict", CHART_DIR, "-f", valuesFile({ secrets: { existingSecret: "jetgate" }, gateway: { replica: 3 } })]);
+  assert.notEqual(bad.status, 0);
+  assert.match(bad.stdout + bad.stderr, /\[ERROR\] values\.yaml: - at '\/gateway': additional properties 'replica' not allowed/);
 });

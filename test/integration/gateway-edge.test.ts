@@ -1,10 +1,14 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { bumpEpoch, composeSeq, encodePush, encodePushBatch, pack, routedPushSubject, type Entry } from "../../protocol/index.js";
-import { startStack, freePortForTest } from "../harness/stack.js";
+import { startStack } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { waitFor } from "../harness/wait.js";
+import { BINARY, brokenUwsPackage } from "../harness/uws.js";
 
 // No worker here: this test publishes the pushes itself, so it can withhold one.
 const stack = await startStack({
@@ -143,51 +147,27 @@ test("gateway edge - a token bound to another device is refused; a token's expir
   assert.match(closed.reason, /expired/);
 });
 
-test("gateway edge - the gateway refuses the pure-JS uWS fallback unless told otherwise", async () => {
-  /**
-   * Runs a gateway on the fallback until it exits, or until `stopWhen` holds (then SIGTERM); after
-   * 20 s it is stopped (SIGKILL) and `deadline` says so.
-   */
-  const run = (extra: Record<string, string>, stopWhen?: (out: string) => Promise<boolean>) =>
-    new Promise<{ code: number | null; stopped: boolean; deadline: boolean; out: string }>((resolve) => {
-      const p = spawn(process.execPath, ["--import", "tsx", "gateway/main.ts"], {
-        cwd: new URL("../../", import.meta.url),
-        env: { PATH: process.env.PATH ?? "", ...infra.env, UWS_USE_FALLBACK: "1", JETGATE_GATEWAY_PORT: "0", JETGATE_GATEWAY_METRICS_PORT: "0", ...extra },
-      });
-      let out = "";
-      let stopped = false;
-      let deadline = false;
-      p.stdout.on("data", (d: Buffer) => (out += d.toString()));
-      p.stderr.on("data", (d: Buffer) => (out += d.toString()));
-      const timer = setTimeout(() => {
-        deadline = true;
-        p.kill("SIGKILL");
-      }, 20_000);
-      const poll = setInterval(() => {
-        if (stopped || stopWhen === undefined || p.exitCode !== null) return;
-        void stopWhen(out).then((yes) => {
-          if (yes && !stopped && p.exitCode === null) {
-            stopped = true;
-            p.kill("SIGTERM");
-          }
-        });
-      }, 50);
-      p.on("exit", (code) => {
-        clearTimeout(timer);
-        clearInterval(poll);
-        resolve({ code, stopped, deadline, out });
-      });
-    });
-  const refused = await run({});
-  assert.equal(refused.code, 1, refused.out);
-  assert.match(refused.out, /JETGATE_ALLOW_UWS_FALLBACK/);
-  // allowed: it warns, and serves (ready on its port) until it is told to stop
-  const [port, opsPort] = [await freePortForTest(), await freePortForTest()];
-  const ready = () => fetch(`http://127.0.0.1:${opsPort}/readyz`).then((r) => r.status === 200, () => false);
-  const allowed = await run({ JETGATE_ALLOW_UWS_FALLBACK: "true", JETGATE_GATEWAY_PORT: String(port), JETGATE_GATEWAY_METRICS_PORT: String(opsPort) }, ready);
-  assert.equal(allowed.deadline, false, `it became ready within 20 s:\n${allowed.out}`);
-  assert.equal(allowed.stopped, true, `it ran until stopped:\n${allowed.out}`);
-  assert.match(allowed.out, /pure-JS uWebSockets.js fallback/);
+test("gateway edge - a gateway serves only on uWebSockets.js's native binary: it reports the one it runs on; one that does not load stops it at start, named", async () => {
+  assert.equal(await gateway.metric("jetgate_gateway_uws_binary_info", { binary: BINARY }), 1, `serving on ${BINARY}`);
+  // the same gateway, its uWebSockets.js a copy whose binary the C library refuses (test/harness/uws.ts)
+  const broken = brokenUwsPackage(mkdtempSync(join(tmpdir(), "jetgate-uws-")), "glibc");
+  const p = spawn(process.execPath, ["--import", "tsx", "--import", "./test/harness/uws-redirect.ts", "gateway/main.ts"], {
+    cwd: new URL("../../", import.meta.url),
+    env: { PATH: process.env.PATH ?? "", ...infra.env, TEST_UWS_PACKAGE: broken, JETGATE_GATEWAY_PORT: "0", JETGATE_GATEWAY_METRICS_PORT: "0" },
+  });
+  let out = "";
+  p.stdout.on("data", (d: Buffer) => (out += d.toString()));
+  p.stderr.on("data", (d: Buffer) => (out += d.toString()));
+  const timer = setTimeout(() => p.kill("SIGKILL"), 20_000);
+  const code = await new Promise<number | null>((r) => p.on("exit", r));
+  clearTimeout(timer);
+  rmSync(broken, { recursive: true, force: true });
+  assert.equal(code, 1, `exits 1 at once (not killed after 20 s):\n${out}`);
+  assert.match(out, new RegExp(`^uWebSockets\\.js could not load its native binary ${BINARY.replaceAll(".", "\\.")}`), "its message first, no stack");
+  assert.match(out, /its binaries need glibc >= 9\.99; this process runs on glibc \d+\.\d+/);
+  assert.match(out, /the loader said: .*GLIBC_9\.99' not found/);
+  assert.match(out, /Ways out:\n {2}1\. on this machine, the provisioned runtime[\s\S]*2\. the image[\s\S]*3\. an OS with glibc >= 2\.38/);
+  assert.doesNotMatch(out, /\n\s+at /, "no stack trace");
 });
 
 test("gateway edge - SIGTERM: readiness false, GOAWAY to every device, closes 1001 in waves, exit 0", async () => {

@@ -23,7 +23,7 @@ test("config - defaults suit a local run", () => {
   assert.deepEqual(c.JETGATE_LANES, ["default"]);
   assert.equal(c.JETGATE_GATEWAY_PORT, 8080);
   assert.equal(c.JETGATE_CURSOR_KEYS.length, 1);
-  assert.equal(c.JETGATE_ALLOW_UWS_FALLBACK, false);
+  assert.equal(c.JETGATE_TRUST_FORWARDED_FOR, false);
   // health and metrics on a listener of their own, off the network unless told otherwise
   assert.equal(c.JETGATE_METRICS_HOST, "127.0.0.1");
   assert.equal(c.JETGATE_GATEWAY_METRICS_PORT, 9090);
@@ -34,12 +34,12 @@ test("config - defaults suit a local run", () => {
 test("config - values parse into their types", () => {
   const c = loadConfig({
     JETGATE_NATS_URL: "nats://a:1, nats://b:2", JETGATE_LANES: "chat,notify,chat", JETGATE_SHARDS: "16",
-    JETGATE_ALLOW_UWS_FALLBACK: "yes", JETGATE_CURSOR_KEYS: `${key},${Buffer.alloc(40, 2).toString("base64")}`,
+    JETGATE_TRUST_FORWARDED_FOR: "yes", JETGATE_CURSOR_KEYS: `${key},${Buffer.alloc(40, 2).toString("base64")}`,
   });
   assert.deepEqual(c.JETGATE_NATS_URL, ["nats://a:1", "nats://b:2"]);
   assert.deepEqual(c.JETGATE_LANES, ["chat", "notify"]);
   assert.equal(c.JETGATE_SHARDS, 16);
-  assert.equal(c.JETGATE_ALLOW_UWS_FALLBACK, true);
+  assert.equal(c.JETGATE_TRUST_FORWARDED_FOR, true);
   assert.equal(c.JETGATE_CURSOR_KEYS[1]!.byteLength, 40);
 });
 
@@ -51,7 +51,9 @@ test("config - each bad value is named with its variable and reason", () => {
     [{ JETGATE_NATS_URL: "::" }, /^JETGATE_NATS_URL: not a URL/],
     [{ JETGATE_REDIS_URL: "nats://x" }, /^JETGATE_REDIS_URL: scheme/],
     [{ JETGATE_LANES: "a.b" }, /^JETGATE_LANES: lane may contain only/],
-    [{ JETGATE_ALLOW_UWS_FALLBACK: "maybe" }, /^JETGATE_ALLOW_UWS_FALLBACK: must be true or false/],
+    [{ JETGATE_TRUST_FORWARDED_FOR: "maybe" }, /^JETGATE_TRUST_FORWARDED_FOR: must be true or false/],
+    // gone with the pure-JS fallback: the gateway runs on the native binary or not at all
+    [{ JETGATE_ALLOW_UWS_FALLBACK: "true" }, /^JETGATE_ALLOW_UWS_FALLBACK: unknown setting/],
     [{ JETGATE_LOG_LEVEL: "loud" }, /^JETGATE_LOG_LEVEL: /],
     [{ JETGATE_CURSOR_KEYS: "short" }, /^JETGATE_CURSOR_KEYS: key 0 decodes to 3 bytes/],
     [{ JETGATE_CURSOR_KEYS: "!!!" }, /^JETGATE_CURSOR_KEYS: key 0 is not base64/],
