@@ -112,7 +112,11 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       },
     },
   };
-  const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: config.JETGATE_LANES, maxBodyBytes: config.JETGATE_MAX_BODY_BYTES, maxQueuedBytes: config.JETGATE_DISPATCH_QUEUE_BYTES });
+  const dispatchQueue = metrics.stages.labels("dispatch_queue");
+  const dispatchAck = metrics.stages.labels("dispatch_ack");
+  const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: config.JETGATE_LANES, maxBodyBytes: config.JETGATE_MAX_BODY_BYTES, maxQueuedBytes: config.JETGATE_DISPATCH_QUEUE_BYTES,
+    timings: { queued: (s) => dispatchQueue.observe(s), acked: (s) => dispatchAck.observe(s) },
+  });
   metrics.dispatchStats = () => dispatcher.stats;
   let draining = false;
   const ops = await startOpsHttp(config.JETGATE_GATEWAY_METRICS_PORT, config.JETGATE_METRICS_HOST, metrics.registry, {

@@ -1,6 +1,6 @@
 /** Prometheus metrics of a gateway. */
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
-import { PUSH_LATENCY_BUCKETS_S } from "../protocol/index.js";
+import { PUSH_LATENCY_BUCKETS_S, STAGE_BUCKETS_S } from "../protocol/index.js";
 import { type DispatchStats } from "../protocol/io/index.js";
 
 export class GatewayMetrics {
@@ -38,6 +38,8 @@ export class GatewayMetrics {
   readonly revocationsMalformed: Counter;
   readonly uwsBinary: Gauge<"binary">;
   readonly pushLatency: Histogram;
+  /** Seconds per stage of an entry's path in this process (protocol/stages.ts): its Dispatcher's, and push to frame. */
+  readonly stages: Histogram<"stage">;
 
   /** How many revocations the gateway holds, read at each scrape. */
   revocationCount: () => number = () => 0;
@@ -89,6 +91,13 @@ export class GatewayMetrics {
       name: "jetgate_gateway_push_latency_seconds",
       help: "Seconds from an entry's append (its ts) to this gateway receiving its live push, once per entry (not per device); clock skew below 0 counts as 0.",
       buckets: [...PUSH_LATENCY_BUCKETS_S],
+      registers,
+    });
+    this.stages = new Histogram({
+      name: "jetgate_gateway_stage_seconds",
+      help: "Seconds an entry spends in each stage of its path in this gateway (docs/performance.md): dispatch_queue and dispatch_ack (POST /v1/dispatch, per entry), gateway_chain (a push received to its frame handed to the socket, per session).",
+      labelNames: ["stage"],
+      buckets: [...STAGE_BUCKETS_S],
       registers,
     });
     this.regressions.inc({ component: "gateway" }, 0);

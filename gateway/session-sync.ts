@@ -232,7 +232,10 @@ export abstract class SessionSync extends SessionOutput implements HubMember {
       // newer epoch waits on the chain behind the rebase that the registry change queued, or the
       // device would get its seq under a token of the older epoch (a CURSOR_INVALID at its next AUTH)
       if (this.state.type === "syncing" && push.epoch <= this.epoch) this.delivery.hold(push);
-      else this.enqueue(() => this.deliver(push));
+      else {
+        const at = performance.now();
+        this.enqueue(() => this.deliver(push, at));
+      }
     }
   }
 
@@ -245,7 +248,8 @@ export abstract class SessionSync extends SessionOutput implements HubMember {
     this.sendBytes(bytes, "MSGS");
   }
 
-  private async deliver(push: Push): Promise<void> {
+  /** A push through the chain; `at`: when it was received, for the gateway_chain stage. */
+  private async deliver(push: Push, at?: number): Promise<void> {
     const kind = this.delivery.classify(push);
     if (kind === "duplicate") {
       this.p.metrics.duplicatesDropped.inc();
@@ -259,6 +263,7 @@ export abstract class SessionSync extends SessionOutput implements HubMember {
       else await this.emit(this.shard, got, false);
     }
     await this.emit(this.shard, [push.entry], false);
+    if (at !== undefined) this.p.metrics.stages.observe({ stage: "gateway_chain" }, (performance.now() - at) / 1000);
   }
 
   // ---- tail and route repairs ------------------------------------------------------------------

@@ -246,8 +246,17 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
 
   private holdTimer: NodeJS.Timeout | undefined;
 
+  /**
+   * The user's sessions take the pushes; a live, idle one sends them before this returns. The time
+   * of the whole loop is each push's gateway_chain here (the last session's wait, an upper bound
+   * for the others); a push that goes through a session's chain counts its own there too.
+   */
   private deliver(user: string, pushes: readonly Push[]): void {
+    const t0 = performance.now();
     for (const s of this.users.get(user)?.sessions ?? []) s.onPushes(pushes);
+    const h = this.metrics.stages.labels("gateway_chain");
+    const seconds = (performance.now() - t0) / 1000;
+    for (let i = 0; i < pushes.length; i++) h.observe(seconds);
   }
 
   private onRegistry(state: RegistryState): void {

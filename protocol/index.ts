@@ -10,6 +10,7 @@
 export * from "./errors.js";
 export * from "./backoff.js";
 export * from "./seq.js";
+export * from "./stages.js";
 export * from "./ids.js";
 export * from "./subjects.js";
 export * from "./msgpack.js";

@@ -1,6 +1,6 @@
 /** Prometheus metrics of a worker. Names are part of the operator contract (alerts, dashboards). */
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
-import { PUSH_LATENCY_BUCKETS_S } from "../protocol/index.js";
+import { PUSH_LATENCY_BUCKETS_S, STAGE_BUCKETS_S } from "../protocol/index.js";
 
 export class WorkerMetrics {
   readonly registry = new Registry();
@@ -26,6 +26,8 @@ export class WorkerMetrics {
   readonly broadcastPushes: Counter;
   readonly silentRoutes: Counter;
   readonly pushLatency: Histogram;
+  /** Seconds per stage of an entry's path in this worker (protocol/stages.ts). */
+  readonly stages: Histogram<"stage">;
 
   constructor() {
     const registers = [this.registry];
@@ -58,6 +60,13 @@ export class WorkerMetrics {
       name: "jetgate_worker_push_latency_seconds",
       help: "Seconds from an entry's dispatch (its ts) to this worker publishing its push, once per entry pushed; clock skew below 0 counts as 0.",
       buckets: [...PUSH_LATENCY_BUCKETS_S],
+      registers,
+    });
+    this.stages = new Histogram({
+      name: "jetgate_worker_stage_seconds",
+      help: "Seconds an entry spends in each stage of its path in this worker, once per entry (docs/performance.md): worker_fetch_wait (stored in the stream to its batch), worker_redis, worker_confirm, worker_push (routed and published, to the ack).",
+      labelNames: ["stage"],
+      buckets: [...STAGE_BUCKETS_S],
       registers,
     });
     this.registryRecord = new Gauge({ name: "jetgate_worker_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });

@@ -80,6 +80,8 @@ export class ShardBatches {
   /** Processes one batch; false when the runner must stop (fenced or stopping). */
   async process(batch: readonly DeliveredMsg[]): Promise<boolean> {
     if (!this.guard.holds()) return false;
+    const t0 = performance.now();
+    this.fetchWaits(batch);
     const shardState = this.d.registry.state.shards.get(this.d.shard)!;
     const items: Item[] = [];
     const forwards: LogMsg[] = [];
@@ -94,11 +96,14 @@ export class ShardBatches {
       if (hole !== undefined) for (const x of await this.readSkipped(hole[0], hole[1])) take(x);
       take(batch[i]!);
     }
+    const t1 = performance.now();
     const results = await this.redisStep(items);
     if (results === undefined) return false;
     this.fault("redis");
+    const t2 = performance.now();
     // Confirm the epoch against the registry's head before anything leaves this process.
     if (!(await this.guard.confirm())) return false;
+    const t3 = performance.now();
     const { pushes, duplicates } = pushesOf(items, results, this.d.shard, this.guard.epoch);
     if (duplicates > 0) this.d.metrics.duplicates.inc(this.label, duplicates);
     const now = Date.now();
@@ -112,12 +117,32 @@ export class ShardBatches {
     this.fault("push");
     // AckAll: everything up to the highest offset (a batch of redeliveries only: acked again, harmless)
     batch[plan.ack]!.ack();
+    const n = batch.length;
+    this.stage("worker_redis", (t2 - t1 + (t1 - t0)) / 1000, n);
+    this.stage("worker_confirm", (t3 - t2) / 1000, n);
+    this.stage("worker_push", (performance.now() - t3) / 1000, n);
     this.lastOffset = plan.maxOffset;
     this.d.metrics.processed.inc(this.label, items.length + forwards.length);
     this.d.metrics.pushed.inc(this.label, pushes.length);
     this.d.metrics.batches.inc(this.label);
     this.d.metrics.offset.set(this.label, this.lastOffset);
     return true;
+  }
+
+  /** `n` entries spent `seconds` in `stage`. */
+  private stage(stage: "worker_redis" | "worker_confirm" | "worker_push", seconds: number, n: number): void {
+    const h = this.d.metrics.stages.labels(stage);
+    for (let i = 0; i < n; i++) h.observe(seconds);
+  }
+
+  /** Each entry's time from the stream storing it to this batch (the server's clock against this one's: one machine, or NTP). */
+  private fetchWaits(batch: readonly DeliveredMsg[]): void {
+    const now = Date.now();
+    const h = this.d.metrics.stages.labels("worker_fetch_wait");
+    for (const m of batch) {
+      const ns = m.info?.timestampNanos;
+      if (ns !== undefined) h.observe(Math.max(0, now - ns / 1e6) / 1000);
+    }
   }
 
   /**

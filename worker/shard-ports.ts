@@ -20,6 +20,8 @@ export interface LogMsg {
 /** A message the consumer delivered; `ack` acknowledges it and every offset below it (AckAll). */
 export interface DeliveredMsg extends LogMsg {
   ack(): void;
+  /** When the stream stored it (JetStream's delivery info; absent in memory): the worker_fetch_wait stage. */
+  readonly info?: { readonly timestampNanos: number };
 }
 
 /** The consumer's deliveries, in order, until `stop` (or until the consumer ends). */

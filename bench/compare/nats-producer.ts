@@ -9,10 +9,11 @@
  * Commands (JSON lines), one answer each:
  *   {"cmd":"send","seconds":S,"users":N,"rate"?:R}  entries to random users of u0..u(N-1) -> {"sent":K}
  *   {"cmd":"each","from":A,"to":B,"perUser":K}      K entries to each of uA..u(B-1), acknowledged -> {"sent":K}
+ *   {"cmd":"stages"}                                 the Dispatcher's stage counts so far -> {"dispatch_queue":[...],"dispatch_ack":[...]}
  */
 import { createInterface } from "node:readline";
 import { connect, headers } from "@nats-io/transport-node";
-import { encodeStoredEntry, entrySubject } from "../../protocol/index.js";
+import { emptyStageCounts, encodeStoredEntry, entrySubject, observeStage } from "../../protocol/index.js";
 import { Dispatcher, RegistryClient } from "../../protocol/io/index.js";
 import { Window } from "../window.js";
 import { idSource, paced, stampedBody } from "./entries.js";
@@ -25,12 +26,17 @@ const answer = (o: object) => process.stdout.write(JSON.stringify(o) + "\n");
 
 /** Appends one entry for each of `users`; resolves once every one is acknowledged. */
 let append: (users: string[]) => Promise<unknown>;
+/** The Dispatcher's stages (protocol/stages.ts), counted from the start. */
+const stages = { dispatch_queue: emptyStageCounts(), dispatch_ack: emptyStageCounts() };
 if (mode === "dispatcher") {
   // BENCH_MAX_BATCH=1: the Dispatcher without atomic batches (one entry per user in flight), to compare
   // BENCH_MIN_BATCH: the fewest queued entries that go as a batch (default 64)
   const maxBatch = process.env.BENCH_MAX_BATCH !== undefined ? Number(process.env.BENCH_MAX_BATCH) : undefined;
   const minBatch = process.env.BENCH_MIN_BATCH !== undefined ? Number(process.env.BENCH_MIN_BATCH) : undefined;
-  const d = new Dispatcher(nc, () => registry.shards, { lanes: ["default"], maxInFlight: 5000, ...(maxBatch !== undefined ? { maxBatch } : {}), ...(minBatch !== undefined ? { minBatch } : {}) });
+  const d = new Dispatcher(nc, () => registry.shards, {
+    lanes: ["default"], maxInFlight: 5000,
+    timings: { queued: (sec) => observeStage(stages.dispatch_queue, sec), acked: (sec) => observeStage(stages.dispatch_ack, sec) },
+    ...(maxBatch !== undefined ? { maxBatch } : {}), ...(minBatch !== undefined ? { minBatch } : {}) });
   append = (users) => {
     const id = `p${index}x${nextId()}`;
     return d.dispatch({ dispatch_id: id, message_id: id, lane: "default", recipients: users, body: stampedBody(nextId()) });
@@ -82,6 +88,8 @@ for await (const line of createInterface({ input: process.stdin })) {
     }
     await w.drained();
     answer({ sent });
+  } else if (cmd.cmd === "stages") {
+    answer(stages);
   } else if (cmd.cmd === "exit") {
     await registry.close();
     await nc.close();

@@ -12,7 +12,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface, type Interface } from "node:readline";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { PUSH_LATENCY_BUCKETS_S } from "../../protocol/index.js";
+import { PUSH_LATENCY_BUCKETS_S, STAGE_BUCKETS_S, emptyStageCounts, stageCountsOf, type StageCounts } from "../../protocol/index.js";
 import { RegistryClient } from "../../protocol/io/index.js";
 import { NatsServer, RedisServer, freePort } from "../../test/harness/servers.js";
 import { initStack, spawnGateway, spawnWorker, startInfra, type JetgateProcess } from "../../test/harness/stack.js";
@@ -40,6 +40,11 @@ export interface System {
   natsMonitorPort?: number;
   /** Redis, where the system has one: commands it ran per entry (INFO commandstats). */
   redisUrl?: string;
+  /**
+   * jetgate's stage histograms (protocol/stages.ts) so far, summed over its processes: per stage,
+   * the count in each bucket of STAGE_BUCKETS_S (then above it). Two readings' difference is a phase's.
+   */
+  stages?(): Promise<Record<string, StageCounts>>;
   /** jetgate's own counters, summed over its processes: what its batching and framing cut. */
   counters?(): Promise<Record<string, number>>;
   /** Entries to random users of `users`, as fast as the system takes them (or at `rate`/s in all), for `seconds`. */
@@ -125,6 +130,31 @@ async function natsProducers(mode: "dispatcher" | "bare", natsUrl: string, n: nu
   return times(n, (k) => LineProcess.node("bench/compare/nats-producer.ts", [mode, natsUrl, String(k)], {}, prof));
 }
 
+/** A process's stage histograms from its /metrics text: per stage, per-bucket counts. */
+export function stagesOfMetrics(text: string): Record<string, StageCounts> {
+  const bounds = [...STAGE_BUCKETS_S.map(String), "+Inf"];
+  const cumulative = new Map<string, number[]>();
+  for (const m of text.matchAll(/^jetgate_[a-z]+_stage_seconds_bucket\{([^}]*)\}\s+([-\d.e+]+)$/gm)) {
+    const le = /le="([^"]+)"/.exec(m[1]!)?.[1];
+    const stage = /stage="([^"]+)"/.exec(m[1]!)?.[1];
+    const i = le === undefined ? -1 : bounds.indexOf(le);
+    if (stage === undefined || i < 0) continue;
+    let c = cumulative.get(stage);
+    if (c === undefined) cumulative.set(stage, (c = new Array<number>(bounds.length).fill(0)));
+    c[i] = Number(m[2]);
+  }
+  return Object.fromEntries([...cumulative].map(([k, c]) => [k, stageCountsOf(c)]));
+}
+
+/** Adds `b`'s stage counts into `a`. */
+export function addStages(a: Record<string, StageCounts>, b: Record<string, StageCounts>): Record<string, StageCounts> {
+  for (const [k, counts] of Object.entries(b)) {
+    const into = (a[k] ??= emptyStageCounts());
+    counts.forEach((n, i) => (into[i]! += n));
+  }
+  return a;
+}
+
 async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
   const infra = await startInfra({
     JETGATE_SHARDS: String(shards), JETGATE_LOG_LEVEL: "error", JETGATE_RATE_USER_FRAMES_PER_S: "100000",
@@ -155,6 +185,11 @@ async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
     pids: { gateway: gateways.map((g) => g.pid), worker: workers.map((w) => w.pid), nats: [infra.nats.pid!], redis: [infra.redis.pid!], producer: producers.map((p) => p.proc.pid!) },
     natsMonitorPort: infra.nats.monitorPort,
     redisUrl: infra.redis.url,
+    async stages() {
+      const texts = await Promise.all([...workers, ...gateways].map(async (p) => (await p.http("/metrics")).text));
+      const own = (await Promise.all(producers.map((p) => p.ask({ cmd: "stages" })))) as unknown as Record<string, StageCounts>[];
+      return [...texts.map(stagesOfMetrics), ...own].reduce(addStages, {});
+    },
     async counters() {
       const sum = async (ps: JetgateProcess[], name: string, labels: Record<string, string> = {}) => (await Promise.all(ps.map((p) => p.metric(name, labels)))).reduce((a, b) => a + b, 0);
       return {

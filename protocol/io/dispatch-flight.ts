@@ -64,6 +64,9 @@ export interface Job {
   unanswered: boolean;
   /** The number of its last publish (0: none yet). */
   mark: number;
+  /** When it was scheduled, and first published (performance.now(); 0: not yet): its queue wait and its ack's. */
+  queuedAt: number;
+  sentAt: number;
 }
 
 /** A user's entries sent as one atomic batch: consecutive in the user's order, one shard stream. */
@@ -75,6 +78,7 @@ interface Batch {
   deadline: number;
   attempt: number;
   mark: number;
+  sentAt: number;
 }
 
 /** What holds one in-flight place of a user: an entry, or a batch of them. */
@@ -83,11 +87,21 @@ const isBatch = (u: Unit): u is Batch => "jobs" in u;
 const unitBytes = (u: Unit) => (isBatch(u) ? u.bytes : u.data.byteLength);
 const unitSize = (u: Unit) => (isBatch(u) ? u.jobs.length : 1);
 
+/**
+ * Where an entry's time goes in the Dispatcher, per entry, in seconds: `queue` from `dispatch` to
+ * its first publish, `ack` from its first publish to the ack that settles it (retries included).
+ */
+export interface DispatchTimings {
+  queued(seconds: number): void;
+  acked(seconds: number): void;
+}
+
 export interface FlightOptions extends BatchLimits {
   /** How long to wait for one publish's ack before retrying it. */
   ackTimeoutMs: number;
   /** Ack deadlines per entry (one per publish, one per deadline held) before its result is DISPATCH_TIMEOUT. */
   attempts: number;
+  timings?: DispatchTimings | undefined;
 }
 
 export class DispatchFlight {
@@ -142,6 +156,7 @@ export class DispatchFlight {
   /** Takes the job in its user's order: now, if the user has nothing in flight, else behind the user's others. */
   schedule(job: Job): void {
     this.queued += job.data.byteLength + QUEUED_ENTRY_COST;
+    if (this.opts.timings !== undefined) job.queuedAt = performance.now();
     const queue = this.users.get(job.user);
     if (queue !== undefined) {
       // behind this user's job in flight: order per user
@@ -171,7 +186,7 @@ export class DispatchFlight {
     const { n, bytes } = nextUnit(queue, this.opts, { atomicOff: this.atomicOff.has(shard), open });
     if (n === 1) return queue.shift()!;
     this.openBatches.set(shard, open + 1);
-    return { user: queue[0]!.user, shard, jobs: queue.splice(0, n), bytes, deadline: 0, attempt: 0, mark: 0 };
+    return { user: queue[0]!.user, shard, jobs: queue.splice(0, n), bytes, deadline: 0, attempt: 0, mark: 0, sentAt: 0 };
   }
 
   /** Takes the unit's in-flight place; it is published with the rest of this event-loop turn's. */
@@ -215,7 +230,10 @@ export class DispatchFlight {
     if (this.outbox.length > 0) setImmediate(this.publishOutbox);
     else this.outboxScheduled = false;
     const deadline = Date.now() + this.opts.ackTimeoutMs;
+    const timings = this.opts.timings;
+    const at = timings !== undefined ? performance.now() : 0;
     for (const unit of units) {
+      if (timings !== undefined && unit.sentAt === 0) this.firstSent(unit, at, timings);
       unit.deadline = deadline;
       unit.attempt++;
       const before = unit.mark;
@@ -232,6 +250,14 @@ export class DispatchFlight {
       }
     }
   };
+
+  /** The unit's first publish: the queue wait of each of its entries not sent before (a failed batch's go again alone). */
+  private firstSent(unit: Unit, at: number, timings: DispatchTimings): void {
+    unit.sentAt = at;
+    if (!isBatch(unit)) timings.queued((at - unit.queuedAt) / 1000);
+    else for (const job of unit.jobs) if (job.sentAt === 0) timings.queued((at - job.queuedAt) / 1000);
+    if (isBatch(unit)) for (const job of unit.jobs) job.sentAt = job.sentAt || at;
+  }
 
   /** One atomic batch: every entry but the last staged without an answer, the last commits and is answered for all. */
   private publishBatch(batch: Batch, token: string): void {
@@ -347,7 +373,10 @@ export class DispatchFlight {
   /** The job's result. */
   private settle(job: Job, result: DispatchResult): void {
     if ("error" in result) this.stats.failed++;
-    else this.stats.appended++;
+    else {
+      this.stats.appended++;
+      if (this.opts.timings !== undefined && job.sentAt > 0) this.opts.timings.acked((performance.now() - job.sentAt) / 1000);
+    }
     this.queued -= job.data.byteLength + QUEUED_ENTRY_COST;
     const call = job.call;
     call.results[job.index] = result;

@@ -37,10 +37,10 @@ import {
   type DispatchRules,
   type ValidDispatch,
 } from "../dispatch-request.js";
-import { DispatchFlight, type Call, type DispatchStats } from "./dispatch-flight.js";
+import { DispatchFlight, type Call, type DispatchStats, type DispatchTimings } from "./dispatch-flight.js";
 import { NatsDispatchLink, type DispatchLink } from "./dispatch-link.js";
 
-export type { DispatchStats } from "./dispatch-flight.js";
+export type { DispatchStats, DispatchTimings } from "./dispatch-flight.js";
 export type { DispatchLink } from "./dispatch-link.js";
 
 export interface DispatcherOptions {
@@ -85,6 +85,8 @@ export interface DispatcherOptions {
    * DispatchUnavailableError and nothing published; an empty queue takes any call.
    */
   maxQueuedBytes?: number;
+  /** Called with each entry's queue wait and ack wait (protocol/stages.ts: dispatch_queue, dispatch_ack). */
+  timings?: DispatchTimings;
 }
 
 const nextTurn = () => new Promise<void>((r) => setImmediate(r));
@@ -140,6 +142,7 @@ export class LinkDispatcher {
       maxBatch: Math.max(1, Math.min(opts.maxBatch ?? 500, 1000)),
       minBatch: Math.max(2, opts.minBatch ?? 64),
       maxBatchesPerShard: opts.maxBatchesPerShard ?? 16,
+      timings: opts.timings,
     });
     this.stats = this.flight.stats;
     this.maxQueuedBytes = opts.maxQueuedBytes ?? 64 * 1024 * 1024;
@@ -266,7 +269,7 @@ export class LinkDispatcher {
       const shard = r.shards[i]!;
       this.flight.schedule({
         user, shard, subject: entrySubject(shard, user, r.lane), data, msgId: entryMsgId(r.dispatch_id, user),
-        attempt: 0, deadline: 0, call, index: i, solo: false, unanswered: false, mark: 0,
+        attempt: 0, deadline: 0, call, index: i, solo: false, unanswered: false, mark: 0, queuedAt: 0, sentAt: 0,
       });
       if ((i + 1) % DISPATCH_SLICE === 0) yield;
     }

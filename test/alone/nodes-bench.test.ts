@@ -26,12 +26,18 @@ interface FanoutRow {
   us_per_entry: Record<string, number>;
   us_per_process?: Record<string, number>;
   cpu_procs?: string;
+  sustained_per_s: number | null;
+  probes: { rate: number; ok: boolean }[];
+  bound: string;
+  stages_max?: Record<string, { p50_ms: number; p99_ms: number; n: number }>;
+  stages_half?: Record<string, { p50_ms: number; p99_ms: number; n: number }>;
+  gap_fills?: number;
 }
 
 test("bench --nodes 2: every system delivers every entry once, at full and at half rate", { timeout: 480_000 }, async () => {
   const { stdout } = await run(
     process.execPath,
-    ["--import", "tsx", "bench/compare/run.ts", "fanout", "--nodes", "2", "--devices", "24", "--seconds", "2", "--json"],
+    ["--import", "tsx", "bench/compare/run.ts", "fanout", "--nodes", "2", "--devices", "24", "--seconds", "2", "--probes", "1", "--json"],
     { cwd: ROOT, env: { ...process.env, BENCH_SOURCE: "1" }, maxBuffer: 16 * 1024 * 1024, timeout: 450_000 },
   );
   const rows = stdout.split("\n").filter((l) => l.startsWith("{")).map((l) => JSON.parse(l) as FanoutRow & { summary?: boolean });
@@ -43,6 +49,20 @@ test("bench --nodes 2: every system delivers every entry once, at full and at ha
     assert.equal(r.delivered_max, r.sent_max, `${system}: delivered at full rate`);
     assert.equal(r.delivered_half, r.sent_half, `${system}: delivered at half rate`);
     assert.equal(r.duplicates, 0, `${system}: entries delivered twice`);
+    // one probe of the sustained rate, and what bound the max
+    assert.equal(r.probes.length, 1, `${system}: probes`);
+    assert.ok(r.sustained_per_s === null || r.sustained_per_s === r.probes[0]!.rate, `${system}: sustained rate is the probe's that held`);
+    assert.match(r.bound, /^(machine|process|stage|waiting) /, `${system}: bound`);
+    if (system === "jetgate") {
+      // every stage of the path timed at the max and at half load, once per entry or more
+      for (const stages of [r.stages_max, r.stages_half]) {
+        for (const stage of ["dispatch_queue", "dispatch_ack", "worker_fetch_wait", "worker_redis", "worker_confirm", "worker_push", "gateway_chain"]) {
+          assert.ok((stages?.[stage]?.n ?? 0) > 0, `jetgate: stage ${stage} timed`);
+        }
+      }
+      // after the warm-up entry each, no device fills a gap on the live path
+      assert.equal(r.gap_fills, 0, "jetgate: gap fills after the warm-up");
+    }
     // two processes of each role that scales out, each reported
     assert.match(r.cpu_procs ?? "", system === "jetgate" ? /gateway#2:.*worker#2:.*producer#2:.*devices#2:/ : /server#2:.*devices#2:/, system);
     const roles = system === "jetgate" ? ["gateway", "worker", "producer"] : ["server"];

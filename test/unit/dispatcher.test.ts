@@ -268,3 +268,33 @@ test("dispatch pure parts - what an answer means: appended, retry, reject; a bat
   assert.deepEqual(batchAck({ status: { code: 503, description: "No Responders" }, data: new Uint8Array() }, 2), { type: "refused", why: "503 No Responders", atomicOff: false });
   assert.deepEqual([1, 2, 3, 5, 9].map(retryDelayMs), [100, 200, 400, 1000, 1000]);
 });
+
+test("dispatcher - timings: each entry's queue wait once, at its first publish, and its ack wait once, at the ack that settles it", async () => {
+  const queued: number[] = [];
+  const acked: number[] = [];
+  const { link, d } = rig({ ackTimeoutMs: 5000, timings: { queued: (s) => queued.push(s), acked: (s) => acked.push(s) } });
+  link.stall();
+  const calls = [d.dispatch(req("t1", ["u"])), d.dispatch(req("t2", ["u"])), d.dispatch(req("t3", ["u", "v"]))];
+  await new Promise((r) => setTimeout(r, 60));
+  // u's first entry and v's went out at once; u's second and third wait behind u's first
+  assert.equal(queued.length, 2, "queue waits of the entries published so far");
+  assert.ok(queued.every((s) => s < 0.03), `published at once: ${String(queued)}`);
+  assert.equal(acked.length, 0, "nothing acked while nats-server reads nothing");
+  link.resume();
+  for (const r of (await Promise.all(calls)).flat()) ok(r);
+  assert.equal(queued.length, 4, "one queue wait per entry");
+  assert.ok(queued.filter((s) => s >= 0.03).length === 2, `u's second and third waited behind its first: ${String(queued)}`);
+  assert.equal(acked.length, 4, "one ack wait per entry");
+  assert.ok(acked.filter((s) => s >= 0.03).length === 2, `the first two publishes waited for nats-server: ${String(acked)}`);
+  d.close();
+});
+
+test("dispatcher - timings: an entry that ends in an error has no ack wait", async () => {
+  const acked: number[] = [];
+  const { link, d } = rig({ attempts: 1, timings: { queued: () => undefined, acked: (s) => acked.push(s) } });
+  link.policy = () => "drop";
+  const [r] = await d.dispatch(req("x", ["u"]));
+  assert.equal(r !== undefined && "error" in r ? r.error.code : undefined, "DISPATCH_TIMEOUT");
+  assert.deepEqual(acked, []);
+  d.close();
+});
