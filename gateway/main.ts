@@ -112,10 +112,8 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       },
     },
   };
-  const dispatchQueue = metrics.stages.labels("dispatch_queue");
-  const dispatchAck = metrics.stages.labels("dispatch_ack");
   const dispatcher = new Dispatcher(nc, () => registry.shards, { lanes: config.JETGATE_LANES, maxBodyBytes: config.JETGATE_MAX_BODY_BYTES, maxQueuedBytes: config.JETGATE_DISPATCH_QUEUE_BYTES,
-    timings: { queued: (s) => dispatchQueue.observe(s), acked: (s) => dispatchAck.observe(s) },
+    timings: { queued: (s) => metrics.stages.observe("dispatch_queue", s), acked: (s) => metrics.stages.observe("dispatch_ack", s) },
   });
   metrics.dispatchStats = () => dispatcher.stats;
   let draining = false;

@@ -1,7 +1,7 @@
 /** Prometheus metrics of a gateway. */
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
-import { PUSH_LATENCY_BUCKETS_S, STAGE_BUCKETS_S } from "../protocol/index.js";
-import { type DispatchStats } from "../protocol/io/index.js";
+import { PUSH_LATENCY_BUCKETS_S, StageTimes } from "../protocol/index.js";
+import { registerStageMetric, type DispatchStats } from "../protocol/io/index.js";
 
 export class GatewayMetrics {
   readonly registry = new Registry();
@@ -39,7 +39,7 @@ export class GatewayMetrics {
   readonly uwsBinary: Gauge<"binary">;
   readonly pushLatency: Histogram;
   /** Seconds per stage of an entry's path in this process (protocol/stages.ts): its Dispatcher's, and push to frame. */
-  readonly stages: Histogram<"stage">;
+  readonly stages = new StageTimes();
 
   /** How many revocations the gateway holds, read at each scrape. */
   revocationCount: () => number = () => 0;
@@ -93,13 +93,7 @@ export class GatewayMetrics {
       buckets: [...PUSH_LATENCY_BUCKETS_S],
       registers,
     });
-    this.stages = new Histogram({
-      name: "jetgate_gateway_stage_seconds",
-      help: "Seconds an entry spends in each stage of its path in this gateway (docs/performance.md): dispatch_queue and dispatch_ack (POST /v1/dispatch, per entry), gateway_chain (a push received to its frame handed to the socket, per session).",
-      labelNames: ["stage"],
-      buckets: [...STAGE_BUCKETS_S],
-      registers,
-    });
+    registerStageMetric(this.registry, "jetgate_gateway_stage_seconds", "Seconds an entry spends in each stage of its path in this gateway (docs/performance.md): dispatch_queue and dispatch_ack (POST /v1/dispatch, per entry), gateway_chain (a push received to its frame handed to the socket, per session).", this.stages);
     this.regressions.inc({ component: "gateway" }, 0);
     // entries per atomic batch = batched_entries / batches; a hot user's entries queued behind one in flight
     const fromStats = (name: string, help: string, field: keyof DispatchStats) => {

@@ -263,7 +263,7 @@ export abstract class SessionSync extends SessionOutput implements HubMember {
       else await this.emit(this.shard, got, false);
     }
     await this.emit(this.shard, [push.entry], false);
-    if (at !== undefined) this.p.metrics.stages.observe({ stage: "gateway_chain" }, (performance.now() - at) / 1000);
+    if (at !== undefined) this.p.metrics.stages.observe("gateway_chain", (performance.now() - at) / 1000);
   }
 
   // ---- tail and route repairs ------------------------------------------------------------------

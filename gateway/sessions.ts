@@ -254,9 +254,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
   private deliver(user: string, pushes: readonly Push[]): void {
     const t0 = performance.now();
     for (const s of this.users.get(user)?.sessions ?? []) s.onPushes(pushes);
-    const h = this.metrics.stages.labels("gateway_chain");
-    const seconds = (performance.now() - t0) / 1000;
-    for (let i = 0; i < pushes.length; i++) h.observe(seconds);
+    this.metrics.stages.observe("gateway_chain", (performance.now() - t0) / 1000, pushes.length);
   }
 
   private onRegistry(state: RegistryState): void {

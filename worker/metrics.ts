@@ -1,6 +1,7 @@
 /** Prometheus metrics of a worker. Names are part of the operator contract (alerts, dashboards). */
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from "prom-client";
-import { PUSH_LATENCY_BUCKETS_S, STAGE_BUCKETS_S } from "../protocol/index.js";
+import { PUSH_LATENCY_BUCKETS_S, StageTimes } from "../protocol/index.js";
+import { registerStageMetric } from "../protocol/io/index.js";
 
 export class WorkerMetrics {
   readonly registry = new Registry();
@@ -27,7 +28,7 @@ export class WorkerMetrics {
   readonly silentRoutes: Counter;
   readonly pushLatency: Histogram;
   /** Seconds per stage of an entry's path in this worker (protocol/stages.ts). */
-  readonly stages: Histogram<"stage">;
+  readonly stages = new StageTimes();
 
   constructor() {
     const registers = [this.registry];
@@ -62,13 +63,7 @@ export class WorkerMetrics {
       buckets: [...PUSH_LATENCY_BUCKETS_S],
       registers,
     });
-    this.stages = new Histogram({
-      name: "jetgate_worker_stage_seconds",
-      help: "Seconds an entry spends in each stage of its path in this worker, once per entry (docs/performance.md): worker_fetch_wait (stored in the stream to its batch), worker_redis, worker_confirm, worker_push (routed and published, to the ack).",
-      labelNames: ["stage"],
-      buckets: [...STAGE_BUCKETS_S],
-      registers,
-    });
+    registerStageMetric(this.registry, "jetgate_worker_stage_seconds", "Seconds an entry spends in each stage of its path in this worker, once per entry (docs/performance.md): worker_fetch_wait (stored in the stream to its batch), worker_redis, worker_confirm, worker_push (routed and published, to the ack).", this.stages);
     this.registryRecord = new Gauge({ name: "jetgate_worker_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });
     this.regressions.inc({ component: "worker" }, 0);
   }

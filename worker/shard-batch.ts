@@ -131,18 +131,29 @@ export class ShardBatches {
 
   /** `n` entries spent `seconds` in `stage`. */
   private stage(stage: "worker_redis" | "worker_confirm" | "worker_push", seconds: number, n: number): void {
-    const h = this.d.metrics.stages.labels(stage);
-    for (let i = 0; i < n; i++) h.observe(seconds);
+    this.d.metrics.stages.observe(stage, seconds, n);
   }
 
-  /** Each entry's time from the stream storing it to this batch (the server's clock against this one's: one machine, or NTP). */
+  /**
+   * Each entry's time from the stream storing it to this batch (the server's clock against this
+   * one's: one machine, or NTP). Read from the first and the last message only, and spread over
+   * the ones between by their place: the delivery info is parsed from the reply subject on every
+   * read (4-5% of the worker's CPU when every message was read), and a batch is in stream order.
+   */
   private fetchWaits(batch: readonly DeliveredMsg[]): void {
+    const first = batch[0]?.info?.timestampNanos;
+    const last = batch[batch.length - 1]?.info?.timestampNanos;
+    if (first === undefined || last === undefined) return;
     const now = Date.now();
-    const h = this.d.metrics.stages.labels("worker_fetch_wait");
-    for (const m of batch) {
-      const ns = m.info?.timestampNanos;
-      if (ns !== undefined) h.observe(Math.max(0, now - ns / 1e6) / 1000);
+    const n = batch.length;
+    const waitFirst = Math.max(0, now - first / 1e6) / 1000;
+    const waitLast = Math.max(0, now - last / 1e6) / 1000;
+    if (n <= 2 || waitFirst === waitLast) {
+      this.d.metrics.stages.observe("worker_fetch_wait", waitFirst, n - 1);
+      this.d.metrics.stages.observe("worker_fetch_wait", waitLast, 1);
+      return;
     }
+    for (let i = 0; i < n; i++) this.d.metrics.stages.observe("worker_fetch_wait", waitFirst + ((waitLast - waitFirst) * i) / (n - 1));
   }
 
   /**

@@ -515,10 +515,13 @@ for (const name of systems) {
   }
 }
 const rate = (s: SystemName) => rows.find((r) => r.system === s)?.entries_per_s ?? null;
+const sustainedRate = (s: SystemName) => (rows.find((r) => r.system === s)?.sustained_per_s as number | null | undefined) ?? null;
 const ratio = (a: number | null, b: number | null) => (a !== null && b !== null && b > 0 ? Number((a / b).toFixed(3)) : null);
 const summary = {
   scenario, summary: true, ratio_vs_limit: ratio(rate("jetgate"), rate("uws-limit")), ratio_vs_jetstream_limit: ratio(rate("jetgate"), rate("jetstream-limit")),
-  ratio_vs_socketio: ratio(rate("jetgate"), rate("socketio")), nodes, machine, date: new Date().toISOString(),
+  ratio_vs_socketio: ratio(rate("jetgate"), rate("socketio")),
+  // the same on the sustained rates (fanout and hot)
+  sustained_vs_jetstream_limit: ratio(sustainedRate("jetgate"), sustainedRate("jetstream-limit")), sustained_vs_socketio: ratio(sustainedRate("jetgate"), sustainedRate("socketio")), nodes, machine, date: new Date().toISOString(),
 };
 console.log(values.json ? JSON.stringify(summary) : Object.entries(summary).map(([k, v]) => `${k}=${v}`).join("  "));
 process.exit(0);

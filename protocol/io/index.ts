@@ -12,3 +12,4 @@ export * from "./ops-http.js";
 export * from "./health.js";
 export * from "./ops-stats.js";
 export * from "./local-stack.js";
+export * from "./stage-metric.js";
