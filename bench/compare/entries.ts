@@ -5,6 +5,7 @@
  * spread over several generator processes can count entries delivered twice; latencies are kept in
  * a histogram that merges across generators.
  */
+import { pace } from "./pace.js";
 import { Window } from "../window.js";
 
 export const BODY_BYTES = 64;
@@ -33,7 +34,7 @@ export function readStamp(b: Uint8Array): { sentAt: number; id: number } | undef
 
 /**
  * Sends `one()` for `seconds`, as fast as it is taken (at most `window` in flight), or at
- * `rate`/s in 10 ms ticks; resolves to how many were sent once all are acknowledged.
+ * `rate`/s (bench/compare/pace.ts); resolves to how many were sent once all are acknowledged.
  */
 export async function paced(seconds: number, rate: number | undefined, window: number, one: () => Promise<unknown>): Promise<number> {
   const until = performance.now() + seconds * 1000;
@@ -45,14 +46,9 @@ export async function paced(seconds: number, rate: number | undefined, window: n
       await w.add(one());
     }
   } else {
-    const perTick = Math.max(1, Math.round(rate / 100));
-    while (performance.now() < until) {
-      const t = performance.now();
-      for (let i = 0; i < perTick; i++) w.track(one());
-      sent += perTick;
-      const wait = 10 - (performance.now() - t);
-      if (wait > 0) await new Promise((r) => setTimeout(r, wait));
-    }
+    sent = await pace(seconds, rate, (n) => {
+      for (let i = 0; i < n; i++) w.track(one());
+    });
   }
   await w.drained();
   return sent;

@@ -11,6 +11,7 @@ import { Server } from "socket.io";
 import { createAdapter } from "@socket.io/redis-streams-adapter";
 import { Redis } from "ioredis";
 import { idSource, stampedBody } from "./entries.js";
+import { pace } from "./pace.js";
 
 // the benchmark stops Redis before this process: errors then are expected and not worth a trace
 const redis = new Redis(process.argv[2]!);
@@ -39,14 +40,9 @@ for await (const line of createInterface({ input: process.stdin })) {
         await settle();
       }
     } else {
-      const perTick = Math.max(1, Math.round(cmd.rate / 100));
-      while (performance.now() < until) {
-        const t = performance.now();
-        for (let i = 0; i < perTick; i++) emit(pick());
-        sent += perTick;
-        const wait = 10 - (performance.now() - t);
-        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
-      }
+      sent = await pace(cmd.seconds ?? 10, cmd.rate, (n) => {
+        for (let i = 0; i < n; i++) emit(pick());
+      });
     }
     await settle();
     process.stdout.write(JSON.stringify({ sent }) + "\n");

@@ -15,6 +15,7 @@ import { createInterface } from "node:readline";
 import { encodeEntry, encodeFrame, encodeMsgsFrame } from "../../protocol/index.js";
 import { listenBare, type BareSocket } from "./bare-ws.js";
 import { BODY_BYTES, idSource } from "./entries.js";
+import { pace } from "./pace.js";
 
 const port = Number(process.argv[2]);
 const nextId = idSource(Number(process.argv[3] ?? 0));
@@ -98,16 +99,9 @@ async function sendFor(seconds: number, rate: number | undefined): Promise<numbe
     }
     return sent;
   }
-  const tickMs = 10;
-  const perTick = Math.max(1, Math.round((rate * tickMs) / 1000));
-  while (performance.now() < until) {
-    const t = performance.now();
-    for (let i = 0; i < perTick; i++) toRandomUser();
-    sent += perTick;
-    const wait = tickMs - (performance.now() - t);
-    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
-  }
-  return sent;
+  return pace(seconds, rate, (n) => {
+    for (let i = 0; i < n; i++) toRandomUser();
+  });
 }
 
 for await (const line of createInterface({ input: process.stdin })) {

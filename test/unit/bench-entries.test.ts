@@ -3,6 +3,7 @@
  * stamp and an id unique over the run, and latency histograms merged from several generator
  * processes give the quantiles of all their samples.
  */
+import { dueAt, pace } from "../../bench/compare/pace.js";
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import fc from "fast-check";
@@ -40,4 +41,25 @@ test("bench entries - merged histograms: quantiles within 2% of the exact ones o
     }),
   );
   assert.equal(quantile({}, 0.99), 0);
+});
+
+test("bench pace - what is due by the clock: a late tick is made up at the next, never lost", async () => {
+  assert.equal(dueAt(1000, 0), 0);
+  assert.equal(dueAt(1000, 10), 10);
+  assert.equal(dueAt(333, 1000), 333);
+  const sends: number[] = [];
+  let blocked = false;
+  const sent = await pace(0.3, 1000, (n) => {
+    sends.push(n);
+    // one tick holds the event loop for 40 ms, as a busy producer's would
+    if (!blocked && sends.length === 5) {
+      blocked = true;
+      const until = performance.now() + 40;
+      while (performance.now() < until);
+    }
+  });
+  assert.equal(sent, sends.reduce((a, b) => a + b, 0));
+  // 300 ms at 1000/s, plus the tick sent ahead
+  assert.ok(sent >= 295 && sent <= 315, `sent ${sent}`);
+  assert.ok(Math.max(...sends) >= 30, `the tick after the 40 ms stall makes it up: ${String(sends)}`);
 });
