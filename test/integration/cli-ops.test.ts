@@ -1,6 +1,5 @@
-import { test, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { connect } from "@nats-io/transport-node";
 import { AckPolicy, DeliverPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
   REGISTRY_STREAM,
@@ -17,20 +16,12 @@ import {
   workerConsumerName,
 } from "../../protocol/index.js";
 import { RegistryClient, logOfStream, newLogId, shardStreamConfig } from "../../protocol/io/index.js";
-import { initStack, startInfra } from "../harness/stack.js";
+import { registryRig } from "../harness/registry-rig.js";
 import { runCli } from "../harness/cli.js";
 
-const infra = await startInfra({ JETGATE_SHARDS: "2" });
-await initStack(infra.env);
-const nc = await connect({ servers: infra.nats.url });
-const registry = await RegistryClient.open(nc);
+const { infra, nc, registry } = await registryRig({ JETGATE_SHARDS: "2" });
 const jsm = await jetstreamManager(nc);
 const js = jetstream(nc);
-after(async () => {
-  await registry.close();
-  await nc.close();
-  await infra.dispose();
-});
 
 async function append(shard: number, n: number, prefix: string): Promise<void> {
   for (let i = 0; i < n; i++) {

@@ -5,25 +5,16 @@
  * never for its own earlier attempt (an entry, or an atomic batch). The link loses answers on
  * purpose (a reply lost with a connection); everything else is the real NatsDispatchLink.
  */
-import { test, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { connect } from "@nats-io/transport-node";
 import { entryMsgId, type DispatchRequest, type DispatchResult } from "../../protocol/index.js";
 import type { AckAnswer } from "../../protocol/dispatch-ack.js";
-import { LinkDispatcher, RegistryClient } from "../../protocol/io/index.js";
+import { LinkDispatcher } from "../../protocol/io/index.js";
 import { NatsDispatchLink, type BatchPlace, type DispatchLink } from "../../protocol/io/dispatch-link.js";
-import { initStack, startInfra } from "../harness/stack.js";
+import { registryRig } from "../harness/registry-rig.js";
 import { sleep } from "../harness/wait.js";
 
-const infra = await startInfra();
-await initStack(infra.env);
-const nc = await connect({ servers: infra.nats.url });
-const registry = await RegistryClient.open(nc);
-after(async () => {
-  await registry.close();
-  await nc.close();
-  await infra.dispose();
-});
+const { nc, registry } = await registryRig();
 
 /** The NATS link, but the first answer to a publish of each Nats-Msg-Id in `lose` never arrives. */
 class LosingLink implements DispatchLink {

@@ -1,6 +1,5 @@
-import { test, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
 import {
   decodeStoredEntry,
@@ -12,20 +11,13 @@ import {
   DispatchValidationError,
   MAX_RECIPIENTS,
 } from "../../protocol/index.js";
-import { Dispatcher, RegistryClient } from "../../protocol/io/index.js";
-import { startInfra, initStack, spawnGateway, spawnWorker, PushCollector } from "../harness/stack.js";
+import { Dispatcher } from "../../protocol/io/index.js";
+import { spawnGateway, spawnWorker, PushCollector } from "../harness/stack.js";
+import { registryRig } from "../harness/registry-rig.js";
 import { runCli } from "../harness/cli.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
-const infra = await startInfra();
-await initStack(infra.env);
-const nc = await connect({ servers: infra.nats.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 });
-const registry = await RegistryClient.open(nc);
-after(async () => {
-  await registry.close();
-  await nc.close();
-  await infra.dispose();
-});
+const { infra, nc, registry } = await registryRig({}, { maxReconnectAttempts: -1, reconnectTimeWait: 100 });
 
 async function streamCount(): Promise<number> {
   const jsm = await jetstreamManager(nc);

@@ -5,27 +5,17 @@
  * proof that nothing is missing) to ask the stream. A head at or below the session's position
  * asks nothing.
  */
-import { test, after } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { connect } from "@nats-io/transport-node";
 import { type MailboxSeq, type Push } from "../../protocol/index.js";
-import { RegistryClient } from "../../protocol/io/index.js";
 import { GatewayMetrics } from "../../gateway/metrics.js";
 import type { HubMember } from "../../gateway/ports.js";
 import { SessionRegistry } from "../../gateway/sessions.js";
-import { initStack, startInfra } from "../harness/stack.js";
+import { registryRig } from "../harness/registry-rig.js";
 import { waitFor } from "../harness/wait.js";
 import { FakeRoutes, MemoryPushSource } from "../harness/session-fakes.js";
 
-const infra = await startInfra();
-await initStack(infra.env);
-const nc = await connect({ servers: infra.nats.url });
-const registry = await RegistryClient.open(nc);
-after(async () => {
-  await registry.close();
-  await nc.close();
-  await infra.dispose();
-});
+const { registry } = await registryRig();
 
 /** A live, idle session at `at` that records what the tail check asks of it. */
 function member(user: string, at: MailboxSeq): HubMember & { asked: (MailboxSeq | undefined)[] } {
