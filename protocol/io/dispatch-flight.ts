@@ -251,12 +251,14 @@ export class DispatchFlight {
     }
   };
 
-  /** The unit's first publish: the queue wait of each of its entries not sent before (a failed batch's go again alone). */
+  /** The unit's first publish: each of its entries' queue wait, and the time their ack waits are counted from. */
   private firstSent(unit: Unit, at: number, timings: DispatchTimings): void {
     unit.sentAt = at;
-    if (!isBatch(unit)) timings.queued((at - unit.queuedAt) / 1000);
-    else for (const job of unit.jobs) if (job.sentAt === 0) timings.queued((at - job.queuedAt) / 1000);
-    if (isBatch(unit)) for (const job of unit.jobs) job.sentAt = job.sentAt || at;
+    // a batch holds only entries never sent (those of a failed batch go again alone, already timed)
+    for (const job of isBatch(unit) ? unit.jobs : [unit]) {
+      timings.queued((at - job.queuedAt) / 1000);
+      job.sentAt = at;
+    }
   }
 
   /** One atomic batch: every entry but the last staged without an answer, the last commits and is answered for all. */
