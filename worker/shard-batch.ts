@@ -117,20 +117,17 @@ export class ShardBatches {
     // AckAll: everything up to the highest offset (a batch of redeliveries only: acked again, harmless)
     batch[plan.ack]!.ack();
     const n = batch.length;
-    this.stage("worker_redis", (t2 - t0) / 1000, n);
-    this.stage("worker_confirm", (t3 - t2) / 1000, n);
-    this.stage("worker_push", (performance.now() - t3) / 1000, n);
+    // each of the batch's entries spent the batch's time in each step
+    const stages = this.d.metrics.stages;
+    stages.observe("worker_redis", (t2 - t0) / 1000, n);
+    stages.observe("worker_confirm", (t3 - t2) / 1000, n);
+    stages.observe("worker_push", (performance.now() - t3) / 1000, n);
     this.lastOffset = plan.maxOffset;
     this.d.metrics.processed.inc(this.label, items.length + forwards.length);
     this.d.metrics.pushed.inc(this.label, pushes.length);
     this.d.metrics.batches.inc(this.label);
     this.d.metrics.offset.set(this.label, this.lastOffset);
     return true;
-  }
-
-  /** `n` entries spent `seconds` in `stage`. */
-  private stage(stage: "worker_redis" | "worker_confirm" | "worker_push", seconds: number, n: number): void {
-    this.d.metrics.stages.observe(stage, seconds, n);
   }
 
   /**
