@@ -4,8 +4,10 @@
  * (one script call per Redis node, retried while Redis is away), the epoch is confirmed against
  * the registry's head, the pushes go to the gateways of each user (worker/push-router.ts) and the
  * entries of users a split moved are forwarded, then one AckAll ack of the highest offset. A crash
- * between any two steps re-processes the batch under a newer epoch. The decisions are pure
- * (worker/batch-step.ts); this does the I/O between them, through the ports.
+ * between any two steps re-processes the batch under a newer epoch. A batch is done in two parts,
+ * `prepare` (up to the Redis step) and `emit` (the rest), so that the next batch's Redis step runs
+ * while this one's confirmation, pushes and ack are in flight (worker/shard-pump.ts). The decisions
+ * are pure (worker/batch-step.ts); this does the I/O between them, through the ports.
  */
 import { setTimeout as sleep } from "node:timers/promises";
 import {
@@ -33,6 +35,19 @@ interface Item extends BatchItem {
   dispatch: string;
 }
 
+/** A batch through its Redis step, waiting to be emitted. */
+export interface Prepared {
+  batch: readonly DeliveredMsg[];
+  /** The index of the message to ack, and the highest offset: see planBatch. */
+  ack: number;
+  maxOffset: number;
+  items: Item[];
+  forwards: LogMsg[];
+  results: ApplyEntryResult[];
+  /** performance.now() when the Redis step answered. */
+  redisDone: number;
+}
+
 /** Where a runner's epoch starts: its consumer's first offset and its boundary's start (see planTakeover). */
 export interface EpochStart {
   startOffset: number;
@@ -40,8 +55,9 @@ export interface EpochStart {
 }
 
 export class ShardBatches {
-  /** The last offset done, and the seq of the last entry numbered. */
+  /** The last offset done (emitted and acked), the last one through the Redis step, and the seq of the last entry numbered. */
   private lastOffset: number;
+  private plannedOffset: number;
   private lastSeq: bigint;
   private readonly label: { shard: string };
   private readonly settings: Omit<BatchShared, "shard" | "log">;
@@ -61,6 +77,7 @@ export class ShardBatches {
     };
     // everything below the consumer's first offset counts as done
     this.lastOffset = start.startOffset - 1;
+    this.plannedOffset = this.lastOffset;
     this.lastSeq = start.startOffset > 1 ? this.seqOf(start.startOffset - 1) : 0n;
   }
 
@@ -77,9 +94,15 @@ export class ShardBatches {
     return deriveSeq(s, s.log, offset) ?? composeSeq(epoch, offset);
   }
 
-  /** Processes one batch; false when the runner must stop (fenced or stopping). */
-  async process(batch: readonly DeliveredMsg[]): Promise<boolean> {
-    if (!this.guard.holds()) return false;
+  /**
+   * A batch's work before anything of it leaves the process: the skipped offsets read, the entries
+   * numbered and the Redis step. It runs while the batch before it is still being emitted (its
+   * confirmation, pushes and ack): Redis writes of a runner that turns out fenced are what a fenced
+   * batch leaves today too, and harmless (docs/registry-and-worker.md, "A batch"). Undefined when the
+   * runner must stop.
+   */
+  async prepare(batch: readonly DeliveredMsg[]): Promise<Prepared | undefined> {
+    if (!this.guard.holds()) return undefined;
     const t0 = performance.now();
     this.fetchWaits(batch);
     const shardState = this.d.registry.state.shards.get(this.d.shard)!;
@@ -90,40 +113,53 @@ export class ShardBatches {
       if (parsed === "forward") forwards.push(m);
       else if (parsed !== undefined) items.push(parsed);
     };
-    const plan = planBatch(batch.map((m) => m.seq), this.lastOffset);
+    const plan = planBatch(batch.map((m) => m.seq), this.plannedOffset);
     for (const i of plan.take) {
       const hole = plan.holes.get(i);
       if (hole !== undefined) for (const x of await this.readSkipped(hole[0], hole[1])) take(x);
       take(batch[i]!);
     }
     const results = await this.redisStep(items);
-    if (results === undefined) return false;
+    if (results === undefined) return undefined;
     this.fault("redis");
+    // the next batch plans after this one: its Redis step comes after this one's, in offset order
+    this.plannedOffset = plan.maxOffset;
     const t2 = performance.now();
+    this.d.metrics.stages.observe("worker_redis", (t2 - t0) / 1000, batch.length);
+    return { batch, ack: plan.ack, maxOffset: plan.maxOffset, items, forwards, results, redisDone: t2 };
+  }
+
+  /**
+   * What of a prepared batch leaves the process, in batch order (the pump emits one batch at a
+   * time): the epoch confirmed against the registry's head, the pushes, a split's forwards, then
+   * the ack. False when the runner must stop (fenced or stopping): nothing of the batch is pushed
+   * or acked.
+   */
+  async emit(p: Prepared): Promise<boolean> {
     // Confirm the epoch against the registry's head before anything leaves this process.
     if (!(await this.guard.confirm())) return false;
     const t3 = performance.now();
-    const { pushes, duplicates } = pushesOf(items, results, this.d.shard, this.guard.epoch);
+    const { pushes, duplicates } = pushesOf(p.items, p.results, this.d.shard, this.guard.epoch);
     if (duplicates > 0) this.d.metrics.duplicates.inc(this.label, duplicates);
     const now = Date.now();
-    for (const p of pushes) {
-      this.d.pushes.route(p.push, p.routes);
-      this.d.metrics.pushLatency.observe(Math.max(0, now - p.push.entry.ts) / 1000);
+    for (const x of pushes) {
+      this.d.pushes.route(x.push, x.routes);
+      this.d.metrics.pushLatency.observe(Math.max(0, now - x.push.entry.ts) / 1000);
     }
     // before the ack, on the same connection: a crash never acks an entry whose push is not out
     this.d.pushes.flush();
-    if (forwards.length > 0) await this.forward(forwards);
+    if (p.forwards.length > 0) await this.forward(p.forwards);
     this.fault("push");
     // AckAll: everything up to the highest offset (a batch of redeliveries only: acked again, harmless)
-    batch[plan.ack]!.ack();
-    const n = batch.length;
-    // each of the batch's entries spent the batch's time in each step
+    p.batch[p.ack]!.ack();
+    const n = p.batch.length;
+    // each of the batch's entries spent the batch's time in each step; the confirmation's includes
+    // the wait for the batch before it to leave
     const stages = this.d.metrics.stages;
-    stages.observe("worker_redis", (t2 - t0) / 1000, n);
-    stages.observe("worker_confirm", (t3 - t2) / 1000, n);
+    stages.observe("worker_confirm", (t3 - p.redisDone) / 1000, n);
     stages.observe("worker_push", (performance.now() - t3) / 1000, n);
-    this.lastOffset = plan.maxOffset;
-    this.d.metrics.processed.inc(this.label, items.length + forwards.length);
+    this.lastOffset = p.maxOffset;
+    this.d.metrics.processed.inc(this.label, p.items.length + p.forwards.length);
     this.d.metrics.pushed.inc(this.label, pushes.length);
     this.d.metrics.batches.inc(this.label);
     this.d.metrics.offset.set(this.label, this.lastOffset);

@@ -1,8 +1,8 @@
 /**
  * From the consumer's deliveries to batches. A reader moves deliveries into a bounded queue; the
  * processor takes everything queued (up to a batch) as one batch and never waits to fill one, so a
- * live entry is pushed as soon as the batch before it is done. The reader pauses while the queue
- * holds two batches.
+ * live entry's Redis step starts as soon as the batch before it is through its own. The reader
+ * pauses while the queue holds two batches.
  */
 import type { DeliveredMsg, Deliveries } from "./shard-ports.js";
 
@@ -65,29 +65,46 @@ export class BatchQueue<T> {
   }
 }
 
-export interface PumpHooks {
+export interface PumpHooks<P> {
   /** Whether the runner still runs; checked before each batch. */
   running(): boolean;
-  /** Processes one batch; false when the runner must stop. */
-  process(batch: DeliveredMsg[]): Promise<boolean>;
+  /** A batch's work up to what leaves the process (the Redis step); undefined when the runner must stop. */
+  prepare(batch: DeliveredMsg[]): Promise<P | undefined>;
+  /** What leaves the process (the confirmation, pushes, ack); false when the runner must stop. */
+  emit(prepared: P): Promise<boolean>;
   /** The loop ended (the runner stopped, a batch failed, the consumer ended): stop the deliveries. */
   ended(): void;
   error(msg: string, err: unknown): void;
 }
 
-/** Runs batches of `deliveries` through `hooks.process` until the runner stops; resolves once the reader has ended. */
-export async function pump(deliveries: Deliveries, batchSize: number, hooks: PumpHooks): Promise<void> {
+/**
+ * Runs batches of `deliveries` through `hooks` until the runner stops; resolves once the reader has
+ * ended. Two batches overlap: the next is prepared (its Redis step) while the last is emitted. Emits
+ * run one at a time, in batch order, so pushes and acks keep the offsets' order, and a batch is
+ * emitted only after the one before it was: a fence or a failure that stops one stops every batch
+ * behind it.
+ */
+export async function pump<P>(deliveries: Deliveries, batchSize: number, hooks: PumpHooks<P>): Promise<void> {
   const queue = new BatchQueue(deliveries, batchSize * 2, (err) => hooks.error("consume failed", err));
+  const emit = (p: P) =>
+    hooks.emit(p).catch((err: unknown) => {
+      hooks.error("batch failed", err);
+      return false;
+    });
+  let emitting: Promise<boolean> = Promise.resolve(true);
   while (hooks.running()) {
     const batch = await queue.take(batchSize);
     if (batch === undefined) break;
+    let prepared: P | undefined;
     try {
-      if (!(await hooks.process(batch))) break;
+      prepared = await hooks.prepare(batch);
     } catch (err) {
       hooks.error("batch failed", err);
-      break;
     }
+    if (!(await emitting) || prepared === undefined) break;
+    emitting = emit(prepared);
   }
+  await emitting;
   hooks.ended();
   await queue.close();
 }

@@ -135,7 +135,8 @@ export class ShardRunner {
       if (this.stateValue.type !== "running") return this.deliveries.stop();
       await pump(this.deliveries, this.d.config.JETGATE_WORKER_BATCH, {
         running: () => this.stateValue.type === "running",
-        process: (batch) => batches.process(batch),
+        prepare: (batch) => batches.prepare(batch),
+        emit: (prepared) => batches.emit(prepared),
         ended: () => this.halt(this.stateValue.type === "stopped" ? this.stateValue.reason : "consumer ended"),
         error: (msg, err) => this.d.log.error({ shard: this.shard, err }, msg),
       });

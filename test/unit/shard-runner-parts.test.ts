@@ -4,9 +4,9 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { pino } from "pino";
 import { EMPTY_REGISTRY, applyRecord, bumpEpoch, initialShards, registryRecord, type RegistryState, type ShardState } from "../../protocol/index.js";
-import { BatchQueue } from "../../worker/shard-pump.js";
+import { BatchQueue, pump } from "../../worker/shard-pump.js";
 import { EpochGuard, superseded } from "../../worker/epoch-guard.js";
-import type { RegistryView } from "../../worker/shard-ports.js";
+import type { DeliveredMsg, RegistryView } from "../../worker/shard-ports.js";
 
 /** An async source the test feeds; counts how many items the reader has pulled. */
 function source<T>() {
@@ -92,6 +92,58 @@ test("batch queue - close lets a reader paused at the limit end once its source 
   src.end();
   await q.close();
   assert.equal(src.pulled, 4, "the reader went on after close: 3, then the end");
+});
+
+test("pump - one batch prepared ahead of the one being emitted; emits in order; a failed or refused emit stops every batch behind it", async (t) => {
+  const cases: { name: string; failAt: number | undefined; how: "throw" | "refuse"; emitted: number[]; errors: string[] }[] = [
+    { name: "every emit succeeds", failAt: undefined, how: "refuse", emitted: [1, 2, 3], errors: [] },
+    { name: "the second emit throws", failAt: 2, how: "throw", emitted: [1, 2], errors: ["batch failed"] },
+    { name: "the second emit refuses (a fence)", failAt: 2, how: "refuse", emitted: [1, 2], errors: [] },
+  ];
+  for (const c of cases) {
+    await t.test(c.name, async () => {
+      const src = source<DeliveredMsg>();
+      const msg = (seq: number) => ({ subject: "s", seq, data: new Uint8Array(), ack: () => undefined });
+      const log: string[] = [];
+      const errors: string[] = [];
+      const emitted: number[] = [];
+      let ended = false;
+      const gates = new Map<number, () => void>();
+      const done = pump({ [Symbol.asyncIterator]: src.it[Symbol.asyncIterator], stop: () => src.end() }, 1, {
+        running: () => true,
+        prepare: async (b) => {
+          log.push(`prepare ${b[0]!.seq}`);
+          return b[0]!.seq;
+        },
+        emit: async (n) => {
+          log.push(`emit ${n}`);
+          await new Promise<void>((r) => gates.set(n, r));
+          emitted.push(n);
+          if (n === c.failAt && c.how === "throw") throw new Error("publish failed");
+          return n !== c.failAt;
+        },
+        ended: () => {
+          ended = true;
+          src.end();
+        },
+        error: (m) => errors.push(m),
+      });
+      src.push(msg(1), msg(2), msg(3));
+      src.end();
+      await settle();
+      assert.deepEqual(log, ["prepare 1", "emit 1", "prepare 2"], "batch 2 prepared while batch 1 is emitted, not emitted before it ends");
+      for (const n of [1, 2, 3]) {
+        gates.get(n)?.();
+        await settle();
+      }
+      await done;
+      assert.equal(ended, true);
+      assert.deepEqual(emitted, c.emitted);
+      assert.deepEqual(errors, c.errors);
+      const emits = log.filter((l) => l.startsWith("emit"));
+      assert.deepEqual(emits, c.emitted.map((n) => `emit ${n}`), "nothing emitted after a failed or refused emit");
+    });
+  }
 });
 
 /** A registry whose head (`remote`) the guard sees only through sync. */

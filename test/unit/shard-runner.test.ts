@@ -43,6 +43,8 @@ class MemRegistry implements RegistryView {
   syncs = 0;
   /** Set: update() never answers (NATS away). */
   silent = false;
+  /** Set: sync() answers once it resolves (a slow read of the head). */
+  syncGate: Promise<void> | undefined;
   private readonly remote: RegistryRecord[] = [];
   private readonly listeners = new Set<(s: RegistryState) => void>();
 
@@ -71,7 +73,7 @@ class MemRegistry implements RegistryView {
 
   async sync(): Promise<void> {
     this.syncs++;
-    await Promise.resolve();
+    await (this.syncGate ?? Promise.resolve());
     this.catchUp();
   }
 
@@ -465,6 +467,44 @@ test("shard runner - a fence between the Redis step and the push: nothing of the
       assert.equal(r.registry.syncs, c.syncs, "at the takeover, at the first batch's confirmation, and at the fenced batch's when it read the head");
       assert.equal(r.log.feed!.stopped, true, "the consumer stopped");
       assert.equal(await counter(r.metrics, "jetgate_worker_fenced_total"), 1);
+    });
+  }
+});
+
+test("shard runner - batches overlap: the next Redis step runs while the last batch's confirmation is in flight; pushes and acks keep the offsets' order", async (t) => {
+  const cases: { name: string; fenceAtHead: boolean; pushed: number[]; acks: number[]; offset: number }[] = [
+    { name: "the head still shows the epoch: both batches go out, in order", fenceAtHead: false, pushed: [1, 2, 3], acks: [1, 2, 3], offset: 3 },
+    // the second batch went through Redis before the first one's confirmation found the fence: it
+    // is neither pushed nor acked, as a fenced batch never is; its Redis writes are a fenced batch's
+    { name: "the head shows a newer epoch: neither the confirmed-late batch nor the one behind it goes out", fenceAtHead: true, pushed: [1], acks: [1], offset: 1 },
+  ];
+  for (const c of cases) {
+    await t.test(c.name, async () => {
+      const r = rig({ batch: 1 });
+      for (let i = 1; i <= 3; i++) r.log.append(`u${i}`, `m${i}`);
+      await r.runner.start();
+      r.log.deliver(1);
+      await until("the first batch done", () => r.runner.offset === 1);
+      // past the 50 ms a confirmation stands for: the next batch reads the head
+      await sleep(60);
+      let answer!: () => void;
+      r.registry.syncGate = new Promise<void>((resolve) => (answer = resolve));
+      if (c.fenceAtHead) r.registry.writeRemote(operatorBump(r.registry.shard(), 2));
+      r.log.deliver(2, 3);
+      await until("the third offset's Redis step ran while the second's confirmation waits", () => r.store.applied.length === 3);
+      assert.deepEqual(r.store.applied.map((b) => b.map((e) => e.offset)), [[1], [2], [3]]);
+      assert.deepEqual(offsetsOf(r.pushes.sent), [1], "nothing of batch 2 or 3 out before batch 2 is confirmed");
+      assert.deepEqual(r.log.acks, [1]);
+      assert.equal(r.runner.offset, 1, "the offset done moves with the acks, not with the Redis steps");
+      answer();
+      r.registry.syncGate = undefined;
+      if (c.fenceAtHead) await until("the runner stopped", () => r.runner.state.type === "stopped");
+      else await until("offset 3 done", () => r.runner.offset === 3);
+      await r.runner.stop("test over");
+      assert.deepEqual(offsetsOf(r.pushes.sent), c.pushed);
+      assert.deepEqual(r.log.acks, c.acks);
+      assert.equal(r.runner.offset, c.offset);
+      assert.equal(await counter(r.metrics, "jetgate_worker_fenced_total"), c.fenceAtHead ? 1 : 0);
     });
   }
 });
