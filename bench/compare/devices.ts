@@ -11,18 +11,20 @@
  * Commands, one JSON object per stdin line; one JSON answer per stdout line:
  *   {"cmd":"connect","users":[..],"urls":[..],"devices"?:[..]} -> {"ready":N,"ms":..}  (all SYNCED / connected;
  *                                             devices: each one's device id, "bench" when absent)
- *   {"cmd":"report"}                          -> {"received","first","last","hist","duplicates"} since the last report
+ *   {"cmd":"report"}                          -> {"received","first","last","hist","duplicates","stall_ms"} since the last report
+ *                                             (stall_ms: the generator's longest event-loop delay: its own wait, in every latency)
  *   {"cmd":"wait","expect":K,"deadlineMs":D}  -> {"waited_ms","timed_out"}  (each device has K entries)
  *   {"cmd":"drop"}                            -> {"dropped":N}        (sockets closed as by a network loss)
  *   {"cmd":"reconnect","expect":K,"deadlineMs":D} -> {"synced_ms","complete_ms","synced","completed","received","timed_out"}
  *   {"cmd":"exit"}
  */
 import { createInterface } from "node:readline";
+import { monitorEventLoopDelay } from "node:perf_hooks";
 import WebSocket from "ws";
 import { SignJWT } from "jose";
 import { io as ioClient, type Socket } from "socket.io-client";
 import msgpackParser from "socket.io-msgpack-parser";
-import { DEV_JWT_SECRET, decodeServerFrame, encodeFrame, type CursorToken } from "../../protocol/index.js";
+import { DEV_JWT_SECRET, decodeServerFrame, encodeFrame, unpackOne, type CursorToken } from "../../protocol/index.js";
 import { readStamp, record, type Histogram } from "./entries.js";
 
 type SystemName = "jetgate" | "uws-limit" | "jetstream-limit" | "socketio";
@@ -32,6 +34,8 @@ const now = () => performance.timeOrigin + performance.now();
 const send = (o: object) => process.stdout.write(JSON.stringify(o) + "\n");
 
 let hist: Histogram = {};
+const loopDelay = monitorEventLoopDelay({ resolution: 10 });
+loopDelay.enable();
 let received = 0;
 let duplicates = 0;
 /** Connections that closed before SYNCED and were tried again. */
@@ -69,16 +73,24 @@ function jetgateDevice(user: string, token: string, url: string, device: string)
   let cursor: CursorToken | undefined;
   let seq = 0n;
   const onMessage = (data: Buffer, synced: () => void) => {
-    const f = decodeServerFrame(new Uint8Array(data));
+    const bytes = new Uint8Array(data);
+    // MSGS, nearly every frame, read without the SDK's schema check: the generator only counts and
+    // times entries, as Socket.IO's client does with its msgpack parser. With the check (zod) it
+    // spent about half its CPU validating, and at ~190k deliveries/s it was the process that bound
+    // the hot scenario of every system speaking jetgate frames (bench/RESULTS.md, issue 42).
+    const v = unpackOne(bytes) as { t?: unknown; e?: { seq: bigint | number; b: Uint8Array }[] };
+    if (v.t === "MSGS" && Array.isArray(v.e)) {
+      for (const e of v.e) {
+        const s = typeof e.seq === "bigint" ? e.seq : BigInt(e.seq);
+        if (s > seq) seq = s;
+        onEntryBody(d, e.b);
+      }
+      return;
+    }
+    const f = decodeServerFrame(bytes);
     if (f.t === "AUTH_OK") cursor = f.cursor;
     else if (f.t === "ERROR" && f.new_cursor) cursor = f.new_cursor;
     else if (f.t === "SYNCED") synced();
-    else if (f.t === "MSGS") {
-      for (const e of f.e) {
-        if (e.seq > seq) seq = e.seq;
-        onEntryBody(d, e.b);
-      }
-    }
   };
   // A connection closed before SYNCED is tried again after a short random pause, as the SDK does.
   const attempt = (resolve: () => void) => {
@@ -160,7 +172,8 @@ for await (const line of lines) {
     await connectAll(cmd.users!, cmd.urls!, cmd.devices);
     send({ ready: devices.length, ms: Math.round(now() - t0), retries });
   } else if (cmd.cmd === "report") {
-    send({ received, first, last, hist, duplicates });
+    send({ received, first, last, hist, duplicates, stall_ms: Math.round(loopDelay.max / 1e6) });
+    loopDelay.reset();
     hist = {};
     received = duplicates = 0;
     first = last = 0;

@@ -180,6 +180,8 @@ interface Report {
   last: number;
   hist: Histogram;
   duplicates: number;
+  /** The generators' longest event-loop delay (ms): a stall of the generator itself is in every latency it measures. */
+  stall_ms: number;
 }
 
 /** Reports of several generators, or of one over several periods: counts and latencies add up, the span covers them all. */
@@ -191,6 +193,7 @@ function mergeReports(rs: Report[]): Report {
     last: got.length > 0 ? Math.max(...got.map((r) => r.last)) : 0,
     hist: rs.reduce((h, r) => merge(h, r.hist), {} as Histogram),
     duplicates: rs.reduce((n, r) => n + r.duplicates, 0),
+    stall_ms: Math.max(0, ...rs.map((r) => r.stall_ms ?? 0)),
   };
 }
 
@@ -201,7 +204,9 @@ function mergeReports(rs: Report[]): Report {
 class Generators {
   readonly procs: LineProcess[];
   constructor(private readonly sys: System, n: number) {
-    this.procs = Array.from({ length: n }, () => LineProcess.node("bench/compare/devices.ts", [sys.name]));
+    // BENCH_PROFILE=devices: the generators run under --cpu-prof (a generator can be what bounds a run)
+    const prof = process.env.BENCH_PROFILE === "devices" ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR ?? "bench/profiles"}`] : [];
+    this.procs = Array.from({ length: n }, () => LineProcess.node("bench/compare/devices.ts", [sys.name], {}, prof));
   }
 
   get pids(): number[] {
@@ -347,12 +352,34 @@ function boundOf(pcts: { name: string; pct: number }[], cores: number, stages: R
   return slowest === undefined ? `waiting (${total}% of ${cores} cores)` : `stage ${slowest[0]} (p50 <= ${slowest[1].p50_ms} ms; ${total}% of ${cores} cores)`;
 }
 
+/**
+ * From jetgate's push latency histograms between two readings of the counters: dispatch to the
+ * gateway's receipt of the push ("push") or to the worker publishing it ("wpush"), as the bucket
+ * bound the quantile falls under (ms).
+ */
+function pushQuantileOf(before: Record<string, number> | undefined, after: Record<string, number> | undefined, q: number, prefix: "push" | "wpush"): string | undefined {
+  if (before === undefined || after === undefined) return undefined;
+  const inBucket = (le: string) => after[`${prefix}_le_${le}`]! - before[`${prefix}_le_${le}`]!;
+  const total = inBucket("+Inf");
+  const le = PUSH_LATENCY_BOUNDS.find((b) => total > 0 && inBucket(b) >= q * total);
+  return le === undefined ? undefined : le === "+Inf" ? "> 10000" : `<= ${Number(le) * 1000}`;
+}
+
 interface Probe {
   rate: number;
   sent: number;
   delivered: number;
   p99_ms: number;
   ok: boolean;
+  /** The device generators' longest event-loop delay over the probe. */
+  devices_stall_ms: number;
+  /** jetgate's stage times over the probe: where a missed probe's time went; then dispatch to the worker's push and to the gateway's receipt of it, p99. */
+  stages?: ReturnType<typeof stageSummary>;
+  worker_push_p99_ms?: string | undefined;
+  push_p99_ms?: string | undefined;
+  /** jetgate's gateways' and workers' longest event-loop delay over the probe (ms). */
+  gateway_stall_ms?: number | undefined;
+  worker_stall_ms?: number | undefined;
 }
 
 /**
@@ -370,11 +397,18 @@ async function sustained(sys: System, gens: Generators, max: number): Promise<{ 
     await gens.report();
     step(`probe at ${r} deliveries/s`);
     const perS = Math.max(1, Math.floor(r / fan));
+    const stagesBefore = await sys.stages?.();
+    const countersBefore = await sys.counters?.();
     const sent = await sys.sendFor(seconds, users, perS);
     const got = await settled(gens);
+    // the counters first: they carry the event-loop delays, which every scrape restarts
+    const countersAfter = await sys.counters?.();
+    const stages = stageSummary(stagesBefore, await sys.stages?.());
+    const pushP99 = pushQuantileOf(countersBefore, countersAfter, 0.99, "push");
+    const workerPushP99 = pushQuantileOf(countersBefore, countersAfter, 0.99, "wpush");
     const p99 = quantile(got.hist, 0.99);
     const ok = sent >= 0.95 * perS * seconds && got.received >= 0.99 * sent * fan && p99 < 1000;
-    probes.push({ rate: r, sent, delivered: got.received, p99_ms: p99, ok });
+    probes.push({ rate: r, sent, delivered: got.received, p99_ms: p99, ok, devices_stall_ms: got.stall_ms, ...(stages !== undefined ? { stages, worker_push_p99_ms: workerPushP99, push_p99_ms: pushP99, gateway_stall_ms: countersAfter?.gatewayLoopMaxMs, worker_stall_ms: countersAfter?.workerLoopMaxMs } : {}) });
     if (ok) held = r;
     else missed = r;
     if (held !== undefined && missed - held <= 0.05 * missed) break;
@@ -422,13 +456,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
   const countersHalf = await sys.counters?.();
   const stagesHalf = stageSummary(stages1, await sys.stages?.());
   // dispatch -> worker's push and dispatch -> gateway (the processes' push latency histograms, their bucket bounds) at half load
-  const pushQuantile = (q: number, prefix = "push") => {
-    if (countersBeforeHalf === undefined || countersHalf === undefined) return undefined;
-    const inBucket = (le: string) => countersHalf[`${prefix}_le_${le}`]! - countersBeforeHalf[`${prefix}_le_${le}`]!;
-    const total = inBucket("+Inf");
-    const le = PUSH_LATENCY_BOUNDS.find((b) => total > 0 && inBucket(b) >= q * total);
-    return le === undefined ? undefined : le === "+Inf" ? "> 10000" : `<= ${Number(le) * 1000}`;
-  };
+  const pushQuantile = (q: number, prefix: "push" | "wpush" = "push") => pushQuantileOf(countersBeforeHalf, countersHalf, q, prefix);
   return {
     scenario, system: sys.name, nodes, devices, ...(users < devices ? { users, dispatched_per_s: Math.round(rate / (devices / users)) } : {}),
     entries_per_s: rate, sustained_per_s: fair.rate, probes: fair.probes, p50_ms: quantile(half.hist, 0.5), p99_ms: quantile(half.hist, 0.99),

@@ -192,7 +192,13 @@ async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
     },
     async counters() {
       const sum = async (ps: JetgateProcess[], name: string, labels: Record<string, string> = {}) => (await Promise.all(ps.map((p) => p.metric(name, labels)))).reduce((a, b) => a + b, 0);
+      // first: prom-client's event-loop delay restarts at each scrape, so this is the longest stall since the last reading
+      const loopMaxMs = async (ps: JetgateProcess[], name: string) => Math.round(Math.max(0, ...(await Promise.all(ps.map((p) => p.metric(name, {}))))) * 1000);
+      const gatewayLoopMaxMs = await loopMaxMs(gateways, "jetgate_gateway_nodejs_eventloop_lag_max_seconds");
+      const workerLoopMaxMs = await loopMaxMs(workers, "jetgate_worker_nodejs_eventloop_lag_max_seconds");
       return {
+        gatewayLoopMaxMs,
+        workerLoopMaxMs,
         processed: await sum(workers, "jetgate_worker_entries_processed_total"),
         batches: await sum(workers, "jetgate_worker_batches_total"),
         pushed: await sum(workers, "jetgate_worker_entries_pushed_total"),
