@@ -1,13 +1,16 @@
 /**
  * The NATS push source: the batches workers route to this gateway (`jetgate.push.gw.<gateway>`) and
- * those sent to every gateway (`jetgate.push.any`), decoded once per message.
+ * those sent to every gateway (`jetgate.push.any`), decoded once per message and handed to the
+ * sessions once per event-loop turn (gateway/push-handover.ts).
  */
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import { BROADCAST_PUSH_SUBJECT, decodePushBatch, routedPushSubject, type Push } from "../protocol/index.js";
 import type { PushSource } from "./ports.js";
+import { PushHandover } from "./push-handover.js";
 
 export class NatsPushSource implements PushSource {
   private subs: Subscription[] = [];
+  private handover: PushHandover | undefined;
 
   constructor(
     private readonly nc: NatsConnection,
@@ -18,6 +21,7 @@ export class NatsPushSource implements PushSource {
   ) {}
 
   start(onPushes: (pushes: readonly Push[], broadcast: boolean) => void): void {
+    const handover = (this.handover = new PushHandover(onPushes));
     const sub = (subject: string, broadcast: boolean) =>
       this.nc.subscribe(subject, {
         callback: (err, m) => {
@@ -34,7 +38,7 @@ export class NatsPushSource implements PushSource {
             this.unreadable(got.unreadable);
             this.log.warn({ subject, unreadable: got.unreadable }, "unreadable pushes dropped from a batch");
           }
-          onPushes(got.pushes, broadcast);
+          handover.take(got.pushes, broadcast);
         },
       });
     this.subs = [sub(routedPushSubject(this.gatewayId), false), sub(BROADCAST_PUSH_SUBJECT, true)];
@@ -43,5 +47,6 @@ export class NatsPushSource implements PushSource {
   stop(): void {
     for (const s of this.subs) s.unsubscribe();
     this.subs = [];
+    this.handover?.clear();
   }
 }

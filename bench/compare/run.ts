@@ -380,7 +380,13 @@ interface Probe {
   /** jetgate's gateways' and workers' longest event-loop delay over the probe (ms). */
   gateway_stall_ms?: number | undefined;
   worker_stall_ms?: number | undefined;
+  /** Sessions that read their mailbox for a gap in their pushes, or behind their user's head (the tail check). */
+  gap_fills?: number;
+  tail_fills?: number;
 }
+
+const fills = (before: Record<string, number> | undefined, after: Record<string, number> | undefined) =>
+  before === undefined || after === undefined ? {} : { gap_fills: after.gapFills! - before.gapFills!, tail_fills: after.tailFills! - before.tailFills! };
 
 /**
  * The highest rate (deliveries/s) the system sustains: paced runs of `seconds`, the first at 90%
@@ -408,7 +414,7 @@ async function sustained(sys: System, gens: Generators, max: number): Promise<{ 
     const workerPushP99 = pushQuantileOf(countersBefore, countersAfter, 0.99, "wpush");
     const p99 = quantile(got.hist, 0.99);
     const ok = sent >= 0.95 * perS * seconds && got.received >= 0.99 * sent * fan && p99 < 1000;
-    probes.push({ rate: r, sent, delivered: got.received, p99_ms: p99, ok, devices_stall_ms: got.stall_ms, ...(stages !== undefined ? { stages, worker_push_p99_ms: workerPushP99, push_p99_ms: pushP99, gateway_stall_ms: countersAfter?.gatewayLoopMaxMs, worker_stall_ms: countersAfter?.workerLoopMaxMs } : {}) });
+    probes.push({ rate: r, sent, delivered: got.received, p99_ms: p99, ok, devices_stall_ms: got.stall_ms, ...(stages !== undefined ? { stages, worker_push_p99_ms: workerPushP99, push_p99_ms: pushP99, gateway_stall_ms: countersAfter?.gatewayLoopMaxMs, worker_stall_ms: countersAfter?.workerLoopMaxMs, ...fills(countersBefore, countersAfter) } : {}) });
     if (ok) held = r;
     else missed = r;
     if (held !== undefined && missed - held <= 0.05 * missed) break;

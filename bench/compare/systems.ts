@@ -15,7 +15,7 @@ import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { PUSH_LATENCY_BUCKETS_S, STAGE_BUCKETS_S, emptyStageCounts, stageCountsOf, type StageCounts } from "../../protocol/index.js";
 import { RegistryClient } from "../../protocol/io/index.js";
 import { NatsServer, RedisServer, freePort } from "../../test/harness/servers.js";
-import { initStack, spawnGateway, spawnWorker, startInfra, type JetgateProcess } from "../../test/harness/stack.js";
+import { initStack, metricIn, spawnGateway, spawnWorker, startInfra, type JetgateProcess } from "../../test/harness/stack.js";
 import { waitFor } from "../../test/harness/wait.js";
 
 export type SystemName = "jetgate" | "uws-limit" | "jetstream-limit" | "socketio";
@@ -191,30 +191,32 @@ async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
       return [...texts.map(stagesOfMetrics), ...own].reduce(addStages, {});
     },
     async counters() {
-      const sum = async (ps: JetgateProcess[], name: string, labels: Record<string, string> = {}) => (await Promise.all(ps.map((p) => p.metric(name, labels)))).reduce((a, b) => a + b, 0);
-      // first: prom-client's event-loop delay restarts at each scrape, so this is the longest stall since the last reading
-      const loopMaxMs = async (ps: JetgateProcess[], name: string) => Math.round(Math.max(0, ...(await Promise.all(ps.map((p) => p.metric(name, {}))))) * 1000);
-      const gatewayLoopMaxMs = await loopMaxMs(gateways, "jetgate_gateway_nodejs_eventloop_lag_max_seconds");
-      const workerLoopMaxMs = await loopMaxMs(workers, "jetgate_worker_nodejs_eventloop_lag_max_seconds");
+      // one scrape per process: each scrape is work for it (and restarts its event-loop delay figure,
+      // so the longest stall read here is the one since the last reading)
+      const scrape = (ps: JetgateProcess[]) => Promise.all(ps.map(async (p) => (await p.http("/metrics")).text));
+      const [gw, wk] = await Promise.all([scrape(gateways), scrape(workers)]);
+      const sum = (texts: string[], name: string, labels: Record<string, string> = {}) => texts.reduce((n, t) => n + metricIn(t, name, labels), 0);
+      const maxMs = (texts: string[], name: string) => Math.round(Math.max(0, ...texts.map((t) => metricIn(t, name))) * 1000);
       return {
-        gatewayLoopMaxMs,
-        workerLoopMaxMs,
-        processed: await sum(workers, "jetgate_worker_entries_processed_total"),
-        batches: await sum(workers, "jetgate_worker_batches_total"),
-        pushed: await sum(workers, "jetgate_worker_entries_pushed_total"),
-        pushMessages: await sum(workers, "jetgate_worker_push_messages_total"),
-        entriesSent: await sum(gateways, "jetgate_gateway_entries_sent_total"),
-        msgsFrames: await sum(gateways, "jetgate_gateway_frames_out_total", { type: "MSGS" }),
+        gatewayLoopMaxMs: maxMs(gw, "jetgate_gateway_nodejs_eventloop_lag_max_seconds"),
+        workerLoopMaxMs: maxMs(wk, "jetgate_worker_nodejs_eventloop_lag_max_seconds"),
+        processed: sum(wk, "jetgate_worker_entries_processed_total"),
+        batches: sum(wk, "jetgate_worker_batches_total"),
+        pushed: sum(wk, "jetgate_worker_entries_pushed_total"),
+        pushMessages: sum(wk, "jetgate_worker_push_messages_total"),
+        entriesSent: sum(gw, "jetgate_gateway_entries_sent_total"),
+        msgsFrames: sum(gw, "jetgate_gateway_frames_out_total", { type: "MSGS" }),
         // every push a gateway got, for its users or not (stray: a route left behind)
-        gatewayPushes: (await sum(gateways, "jetgate_gateway_pushes_received_total")) + (await sum(gateways, "jetgate_gateway_stray_pushes_total")),
+        gatewayPushes: sum(gw, "jetgate_gateway_pushes_received_total") + sum(gw, "jetgate_gateway_stray_pushes_total"),
         // connections the gateways closed (any code: 4408 slow consumer, 4503 a read not answered, ...) and reads to fill gaps
-        closes: await sum(gateways, "jetgate_gateway_closes_total"),
-        slowConsumerCloses: await sum(gateways, "jetgate_gateway_closes_total", { code: "4408" }),
-        gapFills: await sum(gateways, "jetgate_gateway_gap_fills_total"),
+        closes: sum(gw, "jetgate_gateway_closes_total"),
+        slowConsumerCloses: sum(gw, "jetgate_gateway_closes_total", { code: "4408" }),
+        gapFills: sum(gw, "jetgate_gateway_gap_fills_total"),
+        tailFills: sum(gw, "jetgate_gateway_tail_fills_total"),
         // entries' pushes received by the gateways up to each bound (s) after their dispatch: where a delivery's latency goes
-        ...Object.fromEntries(await Promise.all(PUSH_LATENCY_BOUNDS.map(async (le) => [`push_le_${le}`, await sum(gateways, "jetgate_gateway_push_latency_seconds_bucket", { le })] as const))),
+        ...Object.fromEntries(PUSH_LATENCY_BOUNDS.map((le) => [`push_le_${le}`, sum(gw, "jetgate_gateway_push_latency_seconds_bucket", { le })] as const)),
         // and published by the workers up to each bound: the part of it before the worker's push
-        ...Object.fromEntries(await Promise.all(PUSH_LATENCY_BOUNDS.map(async (le) => [`wpush_le_${le}`, await sum(workers, "jetgate_worker_push_latency_seconds_bucket", { le })] as const))),
+        ...Object.fromEntries(PUSH_LATENCY_BOUNDS.map((le) => [`wpush_le_${le}`, sum(wk, "jetgate_worker_push_latency_seconds_bucket", { le })] as const)),
       };
     },
     logs: () => procs.flatMap((p) => p.output.slice(-10)),

@@ -110,17 +110,21 @@ export class JetgateProcess {
 
   /** Sum of a Prometheus counter or gauge over the label sets that match `labels`. */
   async metric(name: string, labels: Record<string, string> = {}): Promise<number> {
-    const { text } = await this.http("/metrics");
-    let sum = 0;
-    for (const line of text.split("\n")) {
-      if (!line.startsWith(name)) continue;
-      const m = /^([a-z_]+)(\{[^}]*\})?\s+([-\d.e+]+)$/.exec(line);
-      if (!m || m[1] !== name) continue;
-      const lbl = m[2] ?? "";
-      if (Object.entries(labels).every(([k, v]) => lbl.includes(`${k}="${v}"`))) sum += Number(m[3]);
-    }
-    return sum;
+    return metricIn((await this.http("/metrics")).text, name, labels);
   }
+}
+
+/** Sum of a counter or gauge in a Prometheus text exposition, over the label sets that match `labels`. */
+export function metricIn(text: string, name: string, labels: Record<string, string> = {}): number {
+  let sum = 0;
+  for (const line of text.split("\n")) {
+    if (!line.startsWith(name)) continue;
+    const m = /^([a-z_]+)(\{[^}]*\})?\s+([-\d.e+]+)$/.exec(line);
+    if (!m || m[1] !== name) continue;
+    const lbl = m[2] ?? "";
+    if (Object.entries(labels).every(([k, v]) => lbl.includes(`${k}="${v}"`))) sum += Number(m[3]);
+  }
+  return sum;
 }
 
 const allProcesses = new Set<ChildProcess>();
