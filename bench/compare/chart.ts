@@ -4,7 +4,8 @@
  * load, idle RSS per connection, and each process's CPU microseconds per delivered entry in fanout
  * (stacked, the devices left out); from bench/results/scaling.jsonl (`--nodes N` runs), fanout
  * entries/s against N per system. Each bar is the median of each scenario's latest round of runs
- * (those within an hour of that scenario's newest, or since `--since <ISO date>`); each --nodes point
+ * (those within an hour of that scenario's newest, or since `--since <ISO date>` for the scenarios
+ * run since then); each --nodes point
  * the newest run. Fanout and hot show the sustained rate (p99 under 1 s) beside the max. Vega-Lite
  * compiles the spec, Vega renders the SVG headless (no canvas, no browser). Prints the same rows as a
  * Markdown table for RESULTS.md.
@@ -56,11 +57,16 @@ const SCALING = "scaling.jsonl";
 // the side-by-side scenarios only (other benchmarks keep their own .jsonl files there)
 const COMPARED = ["fanout.jsonl", "hot.jsonl", "idle.jsonl", "storm.jsonl", "catchup.jsonl"];
 const all = readdirSync(`${DIR}results`).filter((f) => COMPARED.includes(f)).flatMap(read);
-// each scenario's latest round: its runs within an hour of its newest (--since moves the start for all)
+// each scenario's latest round: its runs within an hour of its newest, or since --since for the
+// scenarios run since then (the others keep their own latest round)
 const sinceArg = process.argv.indexOf("--since");
 const newest = new Map<string, string>();
 for (const r of all) if (r.date > (newest.get(r.scenario) ?? "")) newest.set(r.scenario, r.date);
-const sinceOf = (scenario: string) => (sinceArg > 0 ? process.argv[sinceArg + 1]! : new Date(Date.parse(newest.get(scenario)!) - 3600_000).toISOString());
+const sinceOf = (scenario: string) => {
+  const last = newest.get(scenario)!;
+  const given = sinceArg > 0 ? process.argv[sinceArg + 1]! : undefined;
+  return given !== undefined && last >= given ? given : new Date(Date.parse(last) - 3600_000).toISOString();
+};
 const since = [...newest.keys()].map((sc) => `${sc} ${sinceOf(sc)}`).join(", ");
 /** Of each scenario and system's runs of its latest round, the median one (by sustained rate where measured, else entries/s, or by RSS per connection for idle). */
 function medians(rs: (Row & { date: string })[]): Row[] {
