@@ -81,17 +81,21 @@ export function batchAck(a: AckAnswer, n: number): BatchAck {
 /**
  * What the Dispatcher does with a unit (an entry, or an atomic batch) whose ack deadline passed,
  * the `attempt`th of `attempts`. `read`: nats-server has read its publish (it answered that publish
- * or a later one, or a PING sent after it), or the connection it went out on is gone.
- * - `retry`: read and not answered (the answer was lost, or JetStream took longer than the
- *   deadline): publish it again (a batch: its entries one at a time), with the same Nats-Msg-Id.
+ * or a later one, or a PING sent after it), or the connection it went out on is gone. `heldLast`:
+ * it was not read yet at its previous deadline.
+ * - `retry`: read a whole deadline ago and not answered (the answer was lost, or JetStream took
+ *   longer than the deadline): publish it again (a batch: its entries one at a time), with the same
+ *   Nats-Msg-Id.
  * - `hold`: not read yet (NATS stalled, or far behind): a copy would only wait behind it in the
  *   client's buffer, so none is sent; the publish keeps its reply token, so its answer, when it
- *   comes, still settles it. The deadline counts as an attempt.
+ *   comes, still settles it. Also when it was read only since its previous deadline (a stall that
+ *   ended): its answer gets a whole deadline from then, not what was left of one. Each deadline
+ *   counts as an attempt.
  * - `give up`: its last deadline: the result is DISPATCH_TIMEOUT (it may or may not be appended).
  */
-export function afterDeadline(read: boolean, attempt: number, attempts: number): "retry" | "hold" | "give up" {
+export function afterDeadline(read: boolean, heldLast: boolean, attempt: number, attempts: number): "retry" | "hold" | "give up" {
   if (attempt >= attempts) return "give up";
-  return read ? "retry" : "hold";
+  return read && !heldLast ? "retry" : "hold";
 }
 
 /**

@@ -64,6 +64,8 @@ export interface Job {
   unanswered: boolean;
   /** The number of its last publish (0: none yet). */
   mark: number;
+  /** Its publish was not read yet at its last ack deadline (afterDeadline). */
+  heldLast?: boolean;
   /** When it was scheduled, and first published (performance.now(); 0: not yet): its queue wait and its ack's. */
   queuedAt: number;
   sentAt: number;
@@ -78,6 +80,7 @@ interface Batch {
   deadline: number;
   attempt: number;
   mark: number;
+  heldLast?: boolean;
   sentAt: number;
 }
 
@@ -294,10 +297,12 @@ export class DispatchFlight {
 
   private deadlinePassed(unit: Unit, token: string, now: number): void {
     const why = `ack timeout after ${this.opts.ackTimeoutMs} ms`;
-    const what = afterDeadline(this.reads.isRead(unit.mark), unit.attempt, this.opts.attempts);
+    const read = this.reads.isRead(unit.mark);
+    const what = afterDeadline(read, unit.heldLast === true, unit.attempt, this.opts.attempts);
+    unit.heldLast = what === "hold" && !read;
     if (what === "retry") this.failedUnit(unit, why, true);
     else if (what === "hold") {
-      this.stats.held++;
+      if (!read) this.stats.held++;
       unit.attempt++;
       unit.deadline = now + this.opts.ackTimeoutMs;
       this.pending.set(token, unit); // last in deadline order; its answer still settles it

@@ -123,16 +123,20 @@ test("dispatcher stall - a call the queue has no room for is refused whole (Disp
   d.close();
 });
 
-test("dispatch pure parts - after a deadline: retry what was read, hold what was not, give up at the last", () => {
-  const cases: [boolean, number, number, ReturnType<typeof afterDeadline>][] = [
-    [true, 1, 5, "retry"],
-    [false, 1, 5, "hold"],
-    [false, 4, 5, "hold"],
-    [false, 5, 5, "give up"],
-    [true, 5, 5, "give up"],
-    [true, 1, 1, "give up"],
+test("dispatch pure parts - after a deadline: retry what was read a deadline ago, hold what was not (or only since), give up at the last", () => {
+  const cases: [boolean, boolean, number, number, ReturnType<typeof afterDeadline>][] = [
+    [true, false, 1, 5, "retry"],
+    [false, false, 1, 5, "hold"],
+    [false, true, 4, 5, "hold"],
+    // read only since its last deadline (a stall ended): a whole deadline for its answer
+    [true, true, 2, 5, "hold"],
+    [false, true, 5, 5, "give up"],
+    [true, true, 5, 5, "give up"],
+    [true, false, 1, 1, "give up"],
   ];
-  for (const [read, attempt, attempts, want] of cases) assert.equal(afterDeadline(read, attempt, attempts), want, `read ${read}, attempt ${attempt} of ${attempts}`);
+  for (const [read, heldLast, attempt, attempts, want] of cases) {
+    assert.equal(afterDeadline(read, heldLast, attempt, attempts), want, `read ${read}, held at the last deadline ${heldLast}, attempt ${attempt} of ${attempts}`);
+  }
 });
 
 test("dispatch pure parts - a duplicate is another's when the stored bytes differ from the entry's; unknown is not a duplicate", () => {
