@@ -15,8 +15,8 @@
 import { parseArgs } from "node:util";
 import WebSocket from "ws";
 import { REVOCATION_LOG_MAXLEN, REVOCATION_SWEEP_COUNT, RedisKeys, decodeServerFrame, encodeFrame } from "../protocol/index.js";
-import { PRUNE_STEP, RevocationStore, RevocationSync, type RevocationSink } from "../gateway/revocation-sync.js";
-import { Revocations } from "../gateway/revocations.js";
+import { PRUNE_STEP, RevocationStore, RevocationSync, type RevocationSink } from "../gateway/hub/revocation-sync.js";
+import { Revocations } from "../gateway/hub/revocations.js";
 import { deviceToken } from "../test/harness/device.js";
 import { initStack, redisClient, spawnGateway, startInfra, type JetgateProcess, type ScriptedTestRedis } from "../test/harness/stack.js";
 import { waitFor } from "../test/harness/wait.js";

@@ -38,7 +38,7 @@ export interface DeviceClaims {
   device: string | undefined;
   /** Expiry, ms since the epoch. */
   expiresAt: number;
-  /** `iat`, whole seconds since the epoch; undefined when the token has none (revocations: gateway/revocations.ts). */
+  /** `iat`, whole seconds since the epoch; undefined when the token has none (revocations: gateway/hub/revocations.ts). */
   issuedAt: number | undefined;
 }
 

@@ -22,22 +22,22 @@ import {
   runAsMain,
   startOpsHttp,
 } from "../protocol/io/index.js";
-import { AckStore } from "./acks.js";
+import { AckStore } from "./session/acks.js";
 import { tokenVerifier } from "./jwt.js";
-import { MailboxReader } from "./mailbox-reader.js";
+import { MailboxReader } from "./mailbox/reader.js";
 import type { SessionPorts } from "./ports.js";
 import { GatewayMetrics } from "./metrics.js";
-import { Presence } from "./presence.js";
-import { ControlHandler } from "./control.js";
-import { NatsRoster } from "./roster.js";
-import { Revocations } from "./revocations.js";
-import { RevocationStore, RevocationSync } from "./revocation-sync.js";
-import { lookupUser, type UsersApiDeps } from "./users-api.js";
-import { NatsPushSource } from "./push-source.js";
-import { RouteTable } from "./routes.js";
-import { startServer } from "./server.js";
-import type { Session } from "./session.js";
-import { SessionRegistry } from "./sessions.js";
+import { Presence } from "./hub/presence.js";
+import { ControlHandler } from "./http/control.js";
+import { NatsRoster } from "./http/roster.js";
+import { Revocations } from "./hub/revocations.js";
+import { RevocationStore, RevocationSync } from "./hub/revocation-sync.js";
+import { lookupUser, type UsersApiDeps } from "./http/users-api.js";
+import { NatsPushSource } from "./hub/push-source.js";
+import { RouteTable } from "./hub/routes.js";
+import { startServer } from "./http/server.js";
+import type { Session } from "./session/session.js";
+import { SessionRegistry } from "./hub/sessions.js";
 import { loadUws } from "./uws.js";
 
 const DRAIN_WAVES = 10;
@@ -70,7 +70,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   const presence = new Presence(redis, keys, nc, gatewayId, (k) => sessions.kick(k.user, k.device, k.session));
   presence.start();
   // revocations: loaded from Redis before the first AUTH is let through, then their changes every
-  // JETGATE_REVOCATIONS_SYNC_MS; new ones arrive over NATS at once (gateway/control.ts)
+  // JETGATE_REVOCATIONS_SYNC_MS; new ones arrive over NATS at once (gateway/http/control.ts)
   const revocations = new Revocations();
   const revocationStore = new RevocationStore(redis, keys);
   const revocationSync = new RevocationSync(revocationStore, revocations, {

@@ -5,7 +5,7 @@
  */
 import type { Logger } from "pino";
 import type { Config, CursorSigner, Disconnect, Entry, MailboxSeq, Push, RegistryState } from "../protocol/index.js";
-import type { ShardBounds } from "./auth-decision.js";
+import type { ShardBounds } from "./mailbox/auth-decision.js";
 import type { DeviceClaims } from "./jwt.js";
 import type { GatewayMetrics } from "./metrics.js";
 
@@ -19,12 +19,12 @@ export interface Transport {
   close(d: Disconnect): void;
 }
 
-/** The clock and the one timer a session runs on (gateway/session-clock.ts); tests drive a manual one. */
+/** The clock and the one timer a session runs on (gateway/session/clock.ts); tests drive a manual one. */
 export interface TimerPort {
   now(): number;
   /**
    * Calls `fn(arg)` after `ms` (passing `arg` spares a closure per session); never keeps the process
-   * up. A long delay may be called up to a second early (coarse-timers.ts): callers check the time.
+   * up. A long delay may be called up to a second early (session/coarse-timers.ts): callers check the time.
    */
   setTimeout<A>(fn: (arg: A) => void, ms: number, arg: A): unknown;
   clearTimeout(handle: unknown): void;
@@ -87,7 +87,7 @@ export interface TokenPort {
   verify(token: string): Promise<DeviceClaims>;
 }
 
-/** Token revocations, as this gateway knows them (gateway/revocations.ts). */
+/** Token revocations, as this gateway knows them (gateway/hub/revocations.ts). */
 export interface RevocationPort {
   /** False until the list was read from Redis once: every AUTH is refused until then (fail closed). */
   ready(): boolean;
@@ -123,14 +123,14 @@ export interface RegistryFeed {
   onChange(l: (s: RegistryState) => void): () => void;
 }
 
-/** Live pushes for this gateway, a batch at a time (NATS: gateway/push-source.ts). */
+/** Live pushes for this gateway, a batch at a time (NATS: gateway/hub/push-source.ts). */
 export interface PushSource {
   /** `broadcast`: pushes every gateway got, because Redis had no routes for their users. */
   start(onPushes: (pushes: readonly Push[], broadcast: boolean) => void): void;
   stop(): void;
 }
 
-/** Where the workers send a user's pushes (gateway/routes.ts). */
+/** Where the workers send a user's pushes (gateway/hub/routes.ts). */
 export interface RoutePort {
   /** A session of the user is about to read its mailbox: resolves once this gateway is in the user's routes (or that failed, and is retried). */
   acquire(user: string): Promise<void>;
@@ -172,6 +172,6 @@ export interface SessionPorts {
   presence: PresencePort;
   acks: AckPort;
   ingress: IngressPort;
-  /** Absent: the system's clock, Node timers for near deadlines and one wheel for far ones (coarse-timers.ts). */
+  /** Absent: the system's clock, Node timers for near deadlines and one wheel for far ones (session/coarse-timers.ts). */
   timers?: TimerPort;
 }

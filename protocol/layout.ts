@@ -480,7 +480,7 @@ export const REVOCATION_SWEEP_COUNT = 20;
 /**
  * Records a revocation: of the one there and this one, the later `issued_before` and the later
  * expiry (each caller's expiry covers its own `issued_before`, so the later covers the one kept:
- * gateway/revocations.ts revocationExpiry). Moves the hash's version on and appends the change to
+ * gateway/hub/revocations.ts revocationExpiry). Moves the hash's version on and appends the change to
  * the log with it. Expired fields go by a sweep of a few fields per call that resumes where the
  * last stopped: a call costs the same however many revocations are in force.
  * KEYS: revocations, log; ARGV: field, issued_before (s), expires (ms), now (ms), log maxlen, sweep

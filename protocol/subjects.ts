@@ -80,7 +80,7 @@ export function ingressMsgId(user: string, device: string, cmid: string): string
   return `${assertId("user", user)}:${assertId("device", device)}:${assertId("cmid", cmid)}`;
 }
 
-/** Where a gateway is told to close one of its sessions that a newer one of its device replaced (gateway/presence.ts). */
+/** Where a gateway is told to close one of its sessions that a newer one of its device replaced (gateway/hub/presence.ts). */
 export function kickSubject(gateway: string): string {
   return `jetgate.kick.${assertId("gateway", gateway)}`;
 }
@@ -108,6 +108,6 @@ export const CONTROL_SUBJECTS = {
   revoke: "jetgate.ctl.revoke",
   /** Which devices of these users have a live session here, and since when. */
   presence: "jetgate.ctl.presence",
-  /** Every gateway says it is there, each GATEWAY_LIVENESS.beatEveryMs: whom the requests above wait for (gateway/roster.ts). */
+  /** Every gateway says it is there, each GATEWAY_LIVENESS.beatEveryMs: whom the requests above wait for (gateway/http/roster.ts). */
   beat: "jetgate.ctl.beat",
 } as const;

@@ -1,6 +1,6 @@
 /**
  * The worker's view of which gateways stopped: every gateway beats into a sorted set scored by
- * Redis's clock (gateway/routes.ts); a gateway whose last beat is older than `silentAfterS` is
+ * Redis's clock (gateway/hub/routes.ts); a gateway whose last beat is older than `silentAfterS` is
  * silent, and the router neither sends to it nor keeps it in users' routes. A gateway missing from
  * the set is not silent: the set is a cache too (evicted, flushed), and sending to a gateway that is
  * gone costs a message, while skipping one that is there would cost its devices their pushes.

@@ -95,7 +95,7 @@ export class NatsDispatchLink implements DispatchLink {
 
   /**
    * STREAM.MSG.GET, answered by the stream's leader: a direct get may be answered by a replica
-   * still catching up, which has no entry the leader acknowledged (gateway/mailbox-nats.ts).
+   * still catching up, which has no entry the leader acknowledged (gateway/mailbox/nats.ts).
    */
   async stored(shard: number, offset: number, timeoutMs: number): Promise<Uint8Array | undefined> {
     this.jsm ??= await jetstreamManager(this.nc, { checkAPI: false, timeout: timeoutMs });

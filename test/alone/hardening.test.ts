@@ -14,7 +14,7 @@ import {
   seqKey,
   MAX_RECIPIENTS,
 } from "../../protocol/index.js";
-import { maxDispatchBodyBytes } from "../../gateway/dispatch-body.js";
+import { maxDispatchBodyBytes } from "../../gateway/http/dispatch-body.js";
 import { startStack, redisClient } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { waitFor } from "../harness/wait.js";

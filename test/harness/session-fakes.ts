@@ -21,13 +21,13 @@ import {
   type ServerFrame,
   type ShardState,
 } from "../../protocol/index.js";
-import type { ShardBounds } from "../../gateway/auth-decision.js";
-import { ShardNotReadyError } from "../../gateway/gather.js";
+import type { ShardBounds } from "../../gateway/mailbox/auth-decision.js";
+import { ShardNotReadyError } from "../../gateway/mailbox/gather.js";
 import { GatewayMetrics } from "../../gateway/metrics.js";
 import type { MailboxSource, PushSource, ReadOptions, RegistryFeed, RegistryView, RoutePort, SessionPorts, Source, TimerPort, Transport, Watermarks } from "../../gateway/ports.js";
-import { Revocations } from "../../gateway/revocations.js";
-import { Session } from "../../gateway/session.js";
-import { SessionRegistry } from "../../gateway/sessions.js";
+import { Revocations } from "../../gateway/hub/revocations.js";
+import { Session } from "../../gateway/session/session.js";
+import { SessionRegistry } from "../../gateway/hub/sessions.js";
 
 interface Stored {
   offset: number;

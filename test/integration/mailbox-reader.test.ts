@@ -1,8 +1,8 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { RedisKeys, WATERMARK_ALL, type Entry, type MailboxSeq } from "../../protocol/index.js";
-import { MailboxReader } from "../../gateway/mailbox-reader.js";
-import { UnavailableError } from "../../gateway/gather.js";
+import { MailboxReader } from "../../gateway/mailbox/reader.js";
+import { UnavailableError } from "../../gateway/mailbox/gather.js";
 import { startStack, redisClient } from "../harness/stack.js";
 import { waitFor } from "../harness/wait.js";
 

@@ -10,7 +10,7 @@ import { readFileSync } from "node:fs";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { CONTROL_SUBJECTS, OPS_STATS_SUBJECT } from "../../protocol/index.js";
 import { Dispatcher, RegistryClient } from "../../protocol/io/index.js";
-import { AdminStateSchema } from "../../gateway/admin.js";
+import { AdminStateSchema } from "../../gateway/http/admin.js";
 import { NatsServer, RedisServer } from "../harness/servers.js";
 import { initStack, spawnGateway, spawnWorker } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";

@@ -2,7 +2,7 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { RedisKeys } from "../../protocol/index.js";
-import { Presence, type Kick } from "../../gateway/presence.js";
+import { Presence, type Kick } from "../../gateway/hub/presence.js";
 import { NatsServer, RedisServer } from "../harness/servers.js";
 import { redisClient } from "../harness/stack.js";
 import { waitFor } from "../harness/wait.js";

@@ -1,6 +1,6 @@
 /**
  * Live pushes routed to the gateways of each user's sessions (worker/push-router.ts,
- * gateway/routes.ts), with real processes: each gateway gets its own users' entries only, an
+ * gateway/hub/routes.ts), with real processes: each gateway gets its own users' entries only, an
  * offline user costs no message, a device that moves between gateways mid-stream loses nothing,
  * and when Redis loses the routes (a FLUSHALL, one user's hash evicted) devices still get every
  * entry within seconds. Gateway A never runs a tail check, so what it delivers after a loss comes

@@ -1,5 +1,5 @@
 /**
- * The gateway's tail check (gateway/sessions.ts, on a real NATS connection): each second it reads the
+ * The gateway's tail check (gateway/hub/sessions.ts, on a real NATS connection): each second it reads the
  * heads of that second's live sessions' users and asks a session behind its user's head to read
  * the rest, and a session whose user has no head in Redis (the watermark hash vanished, with it any
  * proof that nothing is missing) to ask the stream. A head at or below the session's position
@@ -10,7 +10,7 @@ import assert from "node:assert/strict";
 import { type MailboxSeq, type Push } from "../../protocol/index.js";
 import { GatewayMetrics } from "../../gateway/metrics.js";
 import type { HubMember } from "../../gateway/ports.js";
-import { SessionRegistry } from "../../gateway/sessions.js";
+import { SessionRegistry } from "../../gateway/hub/sessions.js";
 import { registryRig } from "../harness/registry-rig.js";
 import { waitFor } from "../harness/wait.js";
 import { FakeRoutes, MemoryPushSource } from "../harness/session-fakes.js";

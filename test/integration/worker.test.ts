@@ -22,7 +22,7 @@ import {
 } from "../../protocol/index.js";
 import { newLogId, shardStreamConfig } from "../../protocol/io/index.js";
 import { applyBatch } from "../../worker/mailbox-script.js";
-import { MailboxReader } from "../../gateway/mailbox-reader.js";
+import { MailboxReader } from "../../gateway/mailbox/reader.js";
 import { startStack, PushCollector, redisClient, DispatchLoad } from "../harness/stack.js";
 import { sleep, waitFor } from "../harness/wait.js";
 

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { sharedState, type AdminState } from "../../gateway/admin.js";
-import { FailedAuthThrottle } from "../../gateway/bearer.js";
+import { sharedState, type AdminState } from "../../gateway/http/admin.js";
+import { FailedAuthThrottle } from "../../gateway/http/bearer.js";
 
 test("admin - wrong-token throttle: a burst, then one attempt per refill, per client; the oldest client forgotten past the bound", () => {
   const t = new FailedAuthThrottle(3, 1 / 6, 2);

@@ -1,8 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { ErrorCode, EMPTY_REGISTRY, applyRecord, composeSeq, cursorSigner, initialShards, type RegistryState } from "../../protocol/index.js";
-import type { AuthDecision } from "../../gateway/auth-decision.js";
-import { planAnswer, type AnswerFor } from "../../gateway/answer.js";
+import type { AuthDecision } from "../../gateway/mailbox/auth-decision.js";
+import { planAnswer, type AnswerFor } from "../../gateway/session/answer.js";
 
 const signer = cursorSigner([new Uint8Array(32).fill(3)]);
 const sign = (s: number, e: number, l: string) => signer.sign("alice", s, e, l);

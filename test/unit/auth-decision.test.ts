@@ -5,8 +5,8 @@ import {
   EMPTY_REGISTRY, applyRecord, bumpEpoch, composeSeq, evenRange, initialShards, userHash, seqOffset,
   type RegistryState, type ShardState,
 } from "../../protocol/index.js";
-import { decideAuth, type AuthDecision, type AuthInput, type CursorIn, type ShardBounds } from "../../gateway/auth-decision.js";
-import { shardsInvolved } from "../../gateway/positions.js";
+import { decideAuth, type AuthDecision, type AuthInput, type CursorIn, type ShardBounds } from "../../gateway/mailbox/auth-decision.js";
+import { shardsInvolved } from "../../gateway/mailbox/positions.js";
 
 const U = "alice"; // userHash("alice") = 0x2bd806c9: shard 0 of 2
 const state = (...shards: ShardState[]): RegistryState => applyRecord(EMPTY_REGISTRY, 1, { v: 1, op: "init", at: 0, by: "t", shards });

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import { followChain, type ChainRow } from "../../gateway/cache-coverage.js";
+import { followChain, type ChainRow } from "../../gateway/mailbox/cache-coverage.js";
 
 /** Rows of shard 0 with seqs `seqs`, each naming the one before it (the first names `first`). */
 function chained(seqs: number[], first: number | null): ChainRow[] {

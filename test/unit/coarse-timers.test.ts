@@ -1,8 +1,8 @@
-/** The gateway's session timers: near delays on Node timers, far ones on one wheel (gateway/coarse-timers.ts). */
+/** The gateway's session timers: near delays on Node timers, far ones on one wheel (gateway/session/coarse-timers.ts). */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { CoarseTimers, WHEEL_AFTER_MS } from "../../gateway/coarse-timers.js";
-import { SessionClock, type Deadline } from "../../gateway/session-clock.js";
+import { CoarseTimers, WHEEL_AFTER_MS } from "../../gateway/session/coarse-timers.js";
+import { SessionClock, type Deadline } from "../../gateway/session/clock.js";
 import { ManualTimers } from "../harness/session-fakes.js";
 
 const T0 = 1_700_000_000_250; // not on a whole second

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { composeSeq, type Entry, type Push } from "../../protocol/index.js";
-import { Delivery } from "../../gateway/delivery.js";
+import { Delivery } from "../../gateway/session/delivery.js";
 import { TokenBucket } from "../../gateway/rate-limit.js";
 
 const S = (o: number) => composeSeq(1, o);

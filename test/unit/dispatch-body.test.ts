@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import fc from "fast-check";
 import { MAX_BODY_BYTES, MAX_ID_LENGTH, loadConfig, MAX_RECIPIENTS } from "../../protocol/index.js";
-import { BATCH_SHAPE, DispatchShapeGuard, maxDispatchBodyBytes, parseDispatchBatch, parseDispatchBody } from "../../gateway/dispatch-body.js";
+import { BATCH_SHAPE, DispatchShapeGuard, maxDispatchBodyBytes, parseDispatchBatch, parseDispatchBody } from "../../gateway/http/dispatch-body.js";
 
 const id = (c: string) => c.repeat(MAX_ID_LENGTH);
 /** The largest request the Dispatcher accepts, as JSON.stringify writes it (indented, as a script might). */

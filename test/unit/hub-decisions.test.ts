@@ -1,15 +1,15 @@
 /**
- * The hub's decisions (SessionRegistry, gateway/sessions.ts) as tables, in memory: which pushes go
+ * The hub's decisions (SessionRegistry, gateway/hub/sessions.ts) as tables, in memory: which pushes go
  * to sessions (the stale-epoch rule), which session of a device is replaced, the per-user limits,
  * which sessions a backend's disconnect ends, and kicks.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { bumpEpoch, composeSeq, Disconnect, initialShards, withReason, type Push } from "../../protocol/index.js";
-import { pushVerdict, type PushVerdict } from "../../gateway/hub-push-verdict.js";
+import { pushVerdict, type PushVerdict } from "../../gateway/hub/push-verdict.js";
 import { GatewayMetrics } from "../../gateway/metrics.js";
 import type { HubMember } from "../../gateway/ports.js";
-import { SessionRegistry } from "../../gateway/sessions.js";
+import { SessionRegistry } from "../../gateway/hub/sessions.js";
 import { FakeRegistry, FakeRoutes, MemoryPushSource } from "../harness/session-fakes.js";
 
 /** A hub member that records what the hub does to it. */

@@ -1,8 +1,8 @@
 /**
- * The mailbox reader's decisions in memory (gateway/mailbox-source.ts): which source serves a read
+ * The mailbox reader's decisions in memory (gateway/mailbox/source.ts): which source serves a read
  * (the user's head, the hot cache as far as its rows prove themselves complete, the stream), when a
  * device is sent away because this gateway's registry view is behind, pagination, gap fills and the
- * bound on stream reads. Redis and JetStream are fakes of the two ports (gateway/mailbox-ports.ts);
+ * bound on stream reads. Redis and JetStream are fakes of the two ports (gateway/mailbox/ports.ts);
  * test/integration/mailbox-reader.test.ts runs the same reads on the real servers.
  */
 import { test } from "node:test";
@@ -22,9 +22,9 @@ import {
   type RegistryState,
   type ShardState,
 } from "../../protocol/index.js";
-import { UnavailableError } from "../../gateway/gather.js";
-import type { MailboxCache, MailboxStream, StreamCursor, StreamMsg, StreamState } from "../../gateway/mailbox-ports.js";
-import { CacheFirstMailbox } from "../../gateway/mailbox-source.js";
+import { UnavailableError } from "../../gateway/mailbox/gather.js";
+import type { MailboxCache, MailboxStream, StreamCursor, StreamMsg, StreamState } from "../../gateway/mailbox/ports.js";
+import { CacheFirstMailbox } from "../../gateway/mailbox/source.js";
 
 const U = "alice";
 

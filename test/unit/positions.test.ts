@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import fc from "fast-check";
 import { bumpEpoch, composeSeq, deriveSeq, initialShards, applyRecord, EMPTY_REGISTRY, userHash, type ShardState } from "../../protocol/index.js";
-import { checkPosition, firstOffsetAbove, pullRanges } from "../../gateway/positions.js";
+import { checkPosition, firstOffsetAbove, pullRanges } from "../../gateway/mailbox/positions.js";
 
 const [s0, s1] = initialShards(2, ["logA", "logZ"]) as [ShardState, ShardState];
 // epoch 0: offsets 1..10; epoch 1: 11..24; epoch 2: 25.. (same log); then a rebuild onto logB

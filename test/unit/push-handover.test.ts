@@ -1,9 +1,9 @@
-// The handover between the push source and the sessions (gateway/push-handover.ts): batches of one
+// The handover between the push source and the sessions (gateway/hub/push-handover.ts): batches of one
 // event-loop turn go over together, in order, once per turn; routed and broadcast ones apart.
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { composeSeq, type Push } from "../../protocol/index.js";
-import { MAX_HANDOVER_BYTES, MAX_HANDOVER_PUSHES, PushHandover } from "../../gateway/push-handover.js";
+import { MAX_HANDOVER_BYTES, MAX_HANDOVER_PUSHES, PushHandover } from "../../gateway/hub/push-handover.js";
 
 const push = (user: string, offset: number, bodyBytes = 0): Push => ({
   user,

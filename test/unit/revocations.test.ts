@@ -12,10 +12,10 @@ import {
   revocationExpiry,
   revocationField,
   type Revocation,
-} from "../../gateway/revocations.js";
+} from "../../gateway/hub/revocations.js";
 import { CLOCK_TOLERANCE_S, tokenVerifier } from "../../gateway/jwt.js";
-import { fieldHashes } from "../../gateway/revocation-table.js";
-import { disconnectFor, ControlReplySchema, DisconnectRequestSchema } from "../../gateway/control.js";
+import { fieldHashes } from "../../gateway/hub/revocation-table.js";
+import { disconnectFor, ControlReplySchema, DisconnectRequestSchema } from "../../gateway/http/control.js";
 import { CloseCode, reconnectPolicy } from "../../protocol/index.js";
 
 const NOW = 1_800_000_000_000;

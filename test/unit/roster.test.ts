@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { GATEWAY_LIVENESS } from "../../protocol/index.js";
-import { GatewayRoster, answeredOf, type Gathered } from "../../gateway/roster.js";
+import { GatewayRoster, answeredOf, type Gathered } from "../../gateway/http/roster.js";
 
 const LIVE_MS = GATEWAY_LIVENESS.liveWithinS * 1000;
 

@@ -1,7 +1,7 @@
 /** A session's one timer (SessionClock): its deadlines told at their time, in order, on one armed timeout. */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { MAX_DELAY_MS, SessionClock, systemTimers, type Deadline } from "../../gateway/session-clock.js";
+import { MAX_DELAY_MS, SessionClock, systemTimers, type Deadline } from "../../gateway/session/clock.js";
 import type { TimerPort } from "../../gateway/ports.js";
 import { ManualTimers } from "../harness/session-fakes.js";
 

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { bumpEpoch, composeSeq, initialShards, type MailboxSeq, type Push } from "../../protocol/index.js";
 import { GatewayMetrics } from "../../gateway/metrics.js";
 import type { HubMember } from "../../gateway/ports.js";
-import { SessionRegistry } from "../../gateway/sessions.js";
+import { SessionRegistry } from "../../gateway/hub/sessions.js";
 import { FakeRegistry, FakeRoutes, MemoryPushSource } from "../harness/session-fakes.js";
 
 function member(user: string, device: string) {

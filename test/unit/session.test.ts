@@ -25,9 +25,9 @@ import {
 } from "../../protocol/index.js";
 import { RequestError, TimeoutError } from "@nats-io/transport-node";
 import { JetStreamError } from "@nats-io/jetstream";
-import { UnavailableError } from "../../gateway/gather.js";
-import { streamCallError } from "../../gateway/mailbox-reader.js";
-import type { Session } from "../../gateway/session.js";
+import { UnavailableError } from "../../gateway/mailbox/gather.js";
+import { streamCallError } from "../../gateway/mailbox/reader.js";
+import type { Session } from "../../gateway/session/session.js";
 import { CURSOR_KEY, ManualTimers, sessionRig, type RecordingTransport, type SessionRig } from "../harness/session-fakes.js";
 
 const U = "alice"; // userHash("alice") = 0x2bd806c9: shard 0 of 2
