@@ -8,8 +8,8 @@
  */
 import { parseArgs } from "node:util";
 import { connect } from "@nats-io/transport-node";
-import { RedisKeys, loadConfig } from "../protocol/index.js";
-import { Dispatcher, RegistryClient } from "../protocol/io/index.js";
+import { RedisKeys } from "../protocol/index.js";
+import { loadConfig, Dispatcher, RegistryClient } from "../protocol/io/index.js";
 import { initStack, redisClient, spawnWorker, startInfra } from "../test/harness/stack.js";
 import { waitFor } from "../test/harness/wait.js";
 import { Window } from "./window.js";

@@ -8,7 +8,7 @@
  *   entry at a time; the cursor advances (and is saved) only after the handler has finished. A
  *   handler that throws gets the same entry again after a backoff (apply-loop.ts).
  * - A cursor that no longer fits the server (epoch change, rebuilt log, split, retention) is handled
- *   as the server says (ADR-0004 section 4): rebase and dedup, each old shard's range in order (one
+ *   as the server says (docs/design.md, "Cursor cases"): rebase and dedup, each old shard's range in order (one
  *   per split hop) then the new shard, the app's rebuild hook, or a fresh start.
  * - The stored cursor's token and seq always share one numbering (position.ts): during a split's
  *   ranges the token is the range's shard's, so a connection lost inside a range resumes it.
@@ -326,6 +326,13 @@ export class JetgateClient {
       case "REFRESH_OK":
         this.refresh.schedule(f.exp);
         return;
+      default: {
+        // A frame type added to ServerFrame and handled nowhere fails to compile here; at run time
+        // (the decoder's type list ahead of this switch) it closes as an undecodable frame does.
+        const _unhandled: never = f;
+        this.ws?.close(DeviceClose.BAD_SERVER_FRAME.code, DeviceClose.BAD_SERVER_FRAME.reason);
+        return;
+      }
     }
   }
 

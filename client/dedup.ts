@@ -1,5 +1,5 @@
 /**
- * The message ids a device applied most recently: the last line of dedup (ADR-0004) after a rebase
+ * The message ids a device applied most recently: the last line of dedup (docs/design.md, "Nothing is lost") after a rebase
  * replays entries it already has. Bounded: the oldest ids are forgotten past `capacity`; a
  * duplicate older than the window is applied again (the app's handler should then be idempotent
  * too, which it must be anyway for entries replayed after a crash before the cursor was saved).

@@ -18,7 +18,7 @@ export interface ClientStats {
   /** CURSOR_INVALID answers: each one replays the mailbox from its start. */
   cursorInvalid: number;
   handlerErrors: number;
-  /** ADR-0004's release gate: a received seq at or below the last applied outside a rebase. */
+  /** Must stay 0 (docs/design.md, "Review points"): a received seq at or below the last applied outside a rebase. */
   mailboxSeqRegressionCount: number;
 }
 

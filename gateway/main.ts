@@ -8,20 +8,8 @@ import type { AddressInfo } from "node:net";
 import { basename } from "node:path";
 import { pino } from "pino";
 import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
-import { Disconnect, ingressMsgId, ingressSubject, RedisKeys, cursorSigner, loadConfig } from "../protocol/index.js";
-import {
-  DependencyHealth,
-  Dispatcher,
-  answerStats,
-  RegistryClient,
-  connectNats,
-  connectRedis,
-  exitOnUnhandledRejection,
-  onShutdownSignal,
-  registryLogging,
-  runAsMain,
-  startOpsHttp,
-} from "../protocol/io/index.js";
+import { Disconnect, ingressMsgId, ingressSubject, RedisKeys } from "../protocol/index.js";
+import { loadConfig, DependencyHealth, Dispatcher, answerStats, RegistryClient, connectNats, connectRedis, exitOnUnhandledRejection, onShutdownSignal, registryLogging, runAsMain, startOpsHttp, cursorSigner } from "../protocol/io/index.js";
 import { AckStore } from "./session/acks.js";
 import { tokenVerifier } from "./jwt.js";
 import { MailboxReader } from "./mailbox/reader.js";

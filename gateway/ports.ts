@@ -4,7 +4,8 @@
  * (test/harness/session-fakes.ts), so every AUTH case runs without a server.
  */
 import type { Logger } from "pino";
-import type { Config, CursorSigner, Disconnect, Entry, MailboxSeq, Push, RegistryState } from "../protocol/index.js";
+import type { Config, Disconnect, Entry, MailboxSeq, Push, RegistryState } from "../protocol/index.js";
+import { type CursorSigner } from "../protocol/io/index.js";
 import type { ShardBounds } from "./mailbox/auth-decision.js";
 import type { DeviceClaims } from "./jwt.js";
 import type { GatewayMetrics } from "./metrics.js";

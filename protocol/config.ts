@@ -4,7 +4,6 @@
  * Defaults suit a local run (`npm start`). With JETGATE_ENV=production, secrets have no defaults
  * and must be set. A bad value fails start-up with a ConfigError that names each variable and why.
  */
-import { accessSync, constants } from "node:fs";
 import { z } from "zod";
 import { JetgateError } from "./errors.js";
 import { idProblem } from "./ids.js";
@@ -269,9 +268,11 @@ export type ConfigRole = "gateway" | "worker" | "tool";
 /**
  * Parses the environment. Unknown JETGATE_* variables are reported too: a typo should not
  * silently leave a default in place. With JETGATE_ENV=production a gateway must have real JWT and
- * cursor keys; workers and tools (the CLI) never use them.
+ * cursor keys; workers and tools (the CLI) never use them. `unreadable(path)` says why a file
+ * cannot be read (an error code), undefined when it can: the process's own check is in
+ * protocol/io/config-env.ts (loadConfig).
  */
-export function loadConfig(env: Record<string, string | undefined> = process.env, role: ConfigRole = "gateway"): Config {
+export function parseConfig(env: Record<string, string | undefined>, role: ConfigRole, unreadable: (path: string) => string | undefined): Config {
   const problems: string[] = [];
   const known = new Set<string>(ENV_VARS);
   for (const name of Object.keys(env)) {
@@ -306,11 +307,8 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
     for (const k of ["JETGATE_NATS_CREDS_FILE", "JETGATE_NATS_NKEY_SEED_FILE", "JETGATE_NATS_CA_FILE", "JETGATE_REDIS_CA_FILE", "JETGATE_JWT_PUBLIC_KEYS_FILE"] as const) {
       const f = c[k];
       if (f === undefined) continue;
-      try {
-        accessSync(f, constants.R_OK);
-      } catch (err) {
-        problems.push(`${k}: cannot read ${f} (${(err as NodeJS.ErrnoException).code ?? "error"})`);
-      }
+      const why = unreadable(f);
+      if (why !== undefined) problems.push(`${k}: cannot read ${f} (${why})`);
     }
     if (problems.length === 0) {
       const devJwt = c.JETGATE_ENV === "development" && c.JETGATE_JWT_SECRET === undefined && c.JETGATE_JWT_PUBLIC_KEYS_FILE === undefined;

@@ -1,7 +1,7 @@
 /**
  * What a mailbox entry looks like inside NATS:
  * - in a shard stream, the body `{id, d, ts, b}` (message id, dispatch id, ms, bytes) under the
- *   subject `mbx.<shard>.<user>.<lane>` (DESIGN section 4);
+ *   subject `mbx.<shard>.<user>.<lane>` (docs/design.md, "Users and shards");
  * - in a push batch (`jetgate.push.gw.<gateway>`, `jetgate.push.any`), an array of
  *   `{u, shard, epoch, e: Entry, pa}` published by the owning worker; `pa` is the user's previous
  *   seq over all lanes (nil when unknown), so a gateway can tell a lost push in any lane before it

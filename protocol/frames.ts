@@ -1,5 +1,6 @@
 /**
- * Wire protocol v1 frames (DESIGN section 6): one msgpack map per binary WebSocket frame, `t` names it.
+ * Wire protocol v1 frames (docs/protocol.md; versions side by side: docs/design.md, "Rollout
+ * compatibility"): one msgpack map per binary WebSocket frame, `t` names it.
  *
  * Frames from devices are untrusted: their schemas are strict (unknown keys are an error, so an
  * extension value or a smuggled key cannot ride along). Frames from the gateway are parsed

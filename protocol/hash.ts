@@ -4,13 +4,12 @@
  *
  *   userHash(user) = first 4 bytes, big-endian, of SHA-256(UTF-8 bytes of the user id)
  */
-import * as crypto from "node:crypto";
+import { sha256 } from "@noble/hashes/sha2.js";
 import { assertId } from "./ids.js";
 
 export const HASH_SPACE = 2 ** 32;
 
-// crypto.hash (Node >= 20.12) is a one-shot digest without a Hash object: about 4x cheaper.
-const oneShot = (crypto as { hash?: (alg: string, data: string, enc: "hex") => string }).hash;
+const utf8 = new TextEncoder();
 
 /** Recent users' hashes: a dispatch hashes every recipient, and the same users come back. */
 const recent = new Map<string, number>();
@@ -20,7 +19,9 @@ export function userHash(user: string): number {
   const known = recent.get(user);
   if (known !== undefined) return known;
   assertId("user", user);
-  const h = oneShot !== undefined ? parseInt(oneShot("sha256", user, "hex").slice(0, 8), 16) : crypto.createHash("sha256").update(user, "utf8").digest().readUInt32BE(0);
+  // a pure-JS digest (@noble/hashes): the pure core imports no Node module; the cache above makes its cost rare
+  const d = sha256(utf8.encode(user));
+  const h = ((d[0]! << 24) | (d[1]! << 16) | (d[2]! << 8) | d[3]!) >>> 0;
   if (recent.size >= RECENT_MAX) recent.clear();
   recent.set(user, h);
   return h;

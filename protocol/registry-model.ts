@@ -1,5 +1,6 @@
 /**
- * The shard registry as data, and the pure rules over it (ADR-0004, DESIGN section 3).
+ * The shard registry as data, and the pure rules over it (docs/design.md, "Epochs and logs" and
+ * "The registry").
  *
  * The registry is a log of records on the JETGATE_REGISTRY stream. Each record carries the whole
  * new state of every shard it changes, so one append can change several shards atomically (a split
@@ -18,7 +19,7 @@ export class RegistryError extends JetgateError {
   }
 }
 
-/** Why an epoch went up (ADR-0004 section 2): E1 takeover, E2 split/merge, E3 rebuild, E4 failover. */
+/** Why an epoch went up (docs/design.md, "Epochs and logs"): E1 takeover, E2 split/merge, E3 rebuild, E4 failover. */
 export const EpochCause = z.enum(["init", "takeover", "split", "merge", "rebuild", "failover"]);
 export type EpochCause = z.output<typeof EpochCause>;
 

@@ -1,5 +1,5 @@
 /**
- * mailbox_seq arithmetic (ADR-0004): `seq = epoch << 48 | offset`, compared as an unsigned u64.
+ * mailbox_seq arithmetic (docs/design.md, "Seqs"): `seq = epoch << 48 | offset`, compared as an unsigned u64.
  *
  * Always a bigint: a JS number loses integers above 2^53, which a seq passes at epoch 32.
  * Overflow is an error, never a wrap.

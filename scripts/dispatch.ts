@@ -5,15 +5,8 @@
  * Whatever fails is said in one line, without a stack trace.
  */
 import { randomBytes } from "node:crypto";
-import {
-  ConfigError,
-  loadConfig,
-  parseFlags,
-  seqLabel,
-  usageError,
-  DispatchValidationError,
-} from "../protocol/index.js";
-import { Dispatcher, RegistryClient, connectNats, withLocalStack } from "../protocol/io/index.js";
+import { ConfigError, seqLabel, DispatchValidationError } from "../protocol/index.js";
+import { loadConfig, parseFlags, usageError, Dispatcher, RegistryClient, connectNats, withLocalStack } from "../protocol/io/index.js";
 
 const USAGE = `usage: npm run dispatch -- --to <user>[,<user>...] --text <text> [--lane <lane>]
   appends one entry to each recipient's mailbox; NATS and the lanes are the running npm start

@@ -3,31 +3,139 @@
  * where it names no NATS, from the running `npm start` stack of this checkout
  * (protocol/io/local-stack.ts); flags override the few that a command takes.
  *
- *   jetgate registry init [--shards N]   create the registry, shard streams and INGRESS (idempotent)
- *   jetgate registry show                print every shard's range, epoch, log and boundaries
- *   jetgate shard takeover|split|rebuild <id>   epoch operations (docs/operations.md)
- *   jetgate replica setup --to <url> --source-api <prefix>   keep copies on a second deployment
- *   jetgate failover --to <url>          make that deployment's copies the primary
- *   jetgate worker                       run a worker process
+ * Every command is one row of COMMANDS (its words, its arguments, what it does, its handler): the
+ * usage text, the check of a command's name and the dispatch all come from that table, so a new
+ * command is one new row (and its line in docs/operations.md).
  */
 import { parseArgs, type ParseArgsConfig } from "node:util";
-import { ConfigError, bigintsAsStrings, countLabel, loadConfig, rangeLabel, wantsHelp, MAX_OFFSET, seqLabel } from "../protocol/index.js";
-import { RegistryClient, connectNats, withLocalStack } from "../protocol/io/index.js";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { ConfigError, bigintsAsStrings, countLabel, rangeLabel, MAX_OFFSET, seqLabel, type Config } from "../protocol/index.js";
+import { RegistryClient, connectNats, loadConfig, wantsHelp, withLocalStack } from "../protocol/io/index.js";
 import { initRegistry } from "./registry-init.js";
 import { runWorker } from "./main.js";
 import { OperationError, failover, rebuildShard, setupReplica, splitShardOp, takeoverShard, type OpsContext } from "./shard-ops.js";
 
-const USAGE = `usage:
-  jetgate registry init [--shards N]
-  jetgate registry show [--json]
-  jetgate shard takeover <id>
-  jetgate shard split <id> [--child N] [--lower]
-  jetgate shard rebuild <id>
-  jetgate replica setup --to <nats-url> --source-api <prefix>
-  jetgate failover --to <nats-url> [--epoch-margin N]
-  jetgate worker
-  jetgate help | --help
-Settings come from the environment (docs/config.md); exit codes: 0 done, 2 refused, 64 bad usage.`;
+/** Where a command's lines go; `status`: a long step's progress, redrawn in place (a terminal only). */
+export interface Output {
+  out: (line: string) => void;
+  status?: ((line: string) => void) | undefined;
+}
+
+export interface Command {
+  /** Its words after `jetgate`, e.g. "shard split". */
+  readonly name: string;
+  /** Its arguments as the usage text shows them ("" for none). */
+  readonly args: string;
+  /** What it does, in one line of the usage text. */
+  readonly description: string;
+  /** Runs it on the words after its name; resolves to the exit code (-1: it keeps running). */
+  readonly run: (args: string[], o: Output) => Promise<number>;
+}
+
+export const COMMANDS: readonly Command[] = [
+  {
+    name: "registry init",
+    args: "[--shards N]",
+    description: "create the registry, shard streams and INGRESS (idempotent)",
+    run: (args, o) => withRegistry(args, (nc, config) => registryInit(nc, config, o.out)),
+  },
+  {
+    name: "registry show",
+    args: "[--json]",
+    description: "print each shard's range, epoch, log and boundaries",
+    run: (args, o) => withRegistry(args, (nc, _config, json) => registryShow(nc, json, o.out)),
+  },
+  {
+    name: "shard takeover",
+    args: "<id>",
+    description: "fence the shard's owner: a new epoch from its ack floor",
+    run: (args, o) => operation(args, o, "ignored", (ctx, { positionals }) => takeoverShard(ctx, shardId(positionals[0]))),
+  },
+  {
+    name: "shard split",
+    args: "<id> [--child N] [--lower]",
+    description: "move half of the shard's range to a new shard",
+    run: (args, o) =>
+      operation(args, o, "ignored", (ctx, { values, positionals }) => {
+        const child = values.child === undefined ? undefined : intFlag("child", values.child, 0);
+        return splitShardOp(ctx, shardId(positionals[0]), { ...(child !== undefined ? { child } : {}), lower: values.lower });
+      }),
+  },
+  {
+    name: "shard rebuild",
+    args: "<id>",
+    description: "recreate the shard's stream on a new log",
+    run: (args, o) => operation(args, o, "ignored", (ctx, { positionals }) => rebuildShard(ctx, shardId(positionals[0]))),
+  },
+  {
+    name: "replica setup",
+    args: "--to <nats-url> --source-api <prefix>",
+    description: "keep copies on a second deployment",
+    run: (args, o) =>
+      operation(args, o, "required", async (ctx, { values }, config) => {
+        if (values["source-api"] === undefined) throw new UsageError(`--source-api <prefix> is required (e.g. '$JS.primary.API')\n${USAGE}`);
+        const to = await connectNats({ ...config, JETGATE_NATS_URL: values.to!.split(",") }, "jetgate-cli-replica");
+        try {
+          await setupReplica(ctx, to, values["source-api"]);
+        } finally {
+          await to.close();
+        }
+      }),
+  },
+  {
+    name: "failover",
+    args: "--to <nats-url> [--epoch-margin N]",
+    description: "make that deployment's copies the primary",
+    run: async (args, o) => {
+      // a word after `failover` is a mistyped command, told before connecting
+      if (args[0] !== undefined && !args[0].startsWith("-")) throw unknownCommand(["failover", args[0]]);
+      return operation(args, o, "connect", (ctx, { values, positionals }) => {
+        if (positionals.length > 0) throw new UsageError(USAGE);
+        return failover(ctx, intFlag("epoch-margin", values["epoch-margin"], 100));
+      });
+    },
+  },
+  {
+    name: "worker",
+    args: "",
+    description: "run a worker process",
+    run: async () => {
+      await runWorker();
+      return -1; // keeps running
+    },
+  },
+  {
+    name: "help",
+    args: "| --help",
+    description: "print this usage",
+    run: (_args, o) => {
+      o.out(USAGE);
+      return Promise.resolve(0);
+    },
+  },
+];
+
+function usage(commands: readonly Command[]): string {
+  const calls = commands.map((c) => `jetgate ${c.name}${c.args === "" ? "" : ` ${c.args}`}`);
+  const width = Math.max(...calls.map((call) => call.length));
+  const lines = commands.map((c, i) => `  ${calls[i]!.padEnd(width)}  ${c.description}`);
+  return `usage:\n${lines.join("\n")}\nSettings come from the environment (docs/config.md); exit codes: 0 done, 2 refused, 64 bad usage.`;
+}
+
+export const USAGE = usage(COMMANDS);
+
+function unknownCommand(argv: readonly string[]): UsageError {
+  return new UsageError(`${argv[0] === undefined ? "which command?" : `unknown command: ${argv.slice(0, 2).join(" ")}`}\n${USAGE}`);
+}
+
+/** The row whose words begin `argv`, and the words after them; an unknown command is a usage error. */
+function find(argv: readonly string[]): { command: Command; args: string[] } {
+  for (const command of COMMANDS) {
+    const words = command.name.split(" ");
+    if (words.every((w, i) => argv[i] === w)) return { command, args: argv.slice(words.length) };
+  }
+  throw unknownCommand(argv);
+}
 
 /** parseArgs, with its errors (unknown option, missing value) as usage errors. */
 function parse<T extends ParseArgsConfig>(config: T): ReturnType<typeof parseArgs<T>> {
@@ -49,15 +157,10 @@ function intFlag(name: string, v: string | undefined, fallback: number): number 
   return Number(v);
 }
 
-const OPERATIONS = ["shard takeover", "shard split", "shard rebuild", "replica setup"];
-
-async function operate(argv: string[], out: (line: string) => void, status?: (line: string) => void): Promise<number> {
-  const [group, command, ...rest] = argv;
-  // checked before connecting: a typo is a usage error even when NATS is away
-  const known = group === "failover" ? command === undefined || command.startsWith("-") : OPERATIONS.includes(`${group} ${command}`);
-  if (!known) throw new UsageError(`unknown command: ${argv.slice(0, 2).join(" ")}\n${USAGE}`);
-  const { values, positionals } = parse({
-    args: group === "shard" ? rest : [command ?? "", ...rest].filter((x) => x !== ""),
+/** An operation's flags: one set for all of them (a flag of another operation is accepted and unused). */
+function operationFlags(args: string[]) {
+  return parse({
+    args,
     options: {
       child: { type: "string" }, lower: { type: "boolean", default: false },
       to: { type: "string" }, "source-api": { type: "string" }, "epoch-margin": { type: "string" },
@@ -65,30 +168,84 @@ async function operate(argv: string[], out: (line: string) => void, status?: (li
     strict: true,
     allowPositionals: true,
   });
+}
+
+/**
+ * Runs an epoch operation: its flags, the settings, then `op` on a NATS connection (closed after).
+ * `to`: whether --to is ignored, required, or required and the deployment to connect to (failover
+ * runs against the one taking over; everything else against the configured one).
+ */
+async function operation(
+  args: string[],
+  o: Output,
+  to: "ignored" | "required" | "connect",
+  op: (ctx: OpsContext, flags: ReturnType<typeof operationFlags>, config: Config) => Promise<void>,
+): Promise<number> {
+  const flags = operationFlags(args);
   const config = loadConfig(withLocalStack({ ...process.env }), "tool");
-  if ((group === "failover" || group === "replica") && values.to === undefined) throw new UsageError(`--to <nats-url> is required\n${USAGE}`);
-  // failover runs against the deployment taking over; everything else against the configured one
-  const nc = await connectNats(group === "failover" ? { ...config, JETGATE_NATS_URL: values.to!.split(",") } : config, "jetgate-cli");
-  const ctx: OpsContext = { nc, settings: config, by: "cli", out, ...(status !== undefined ? { status } : {}) };
+  if (to !== "ignored" && flags.values.to === undefined) throw new UsageError(`--to <nats-url> is required\n${USAGE}`);
+  const nc = await connectNats(to === "connect" ? { ...config, JETGATE_NATS_URL: flags.values.to!.split(",") } : config, "jetgate-cli");
+  const ctx: OpsContext = { nc, settings: config, by: "cli", out: o.out, ...(o.status !== undefined ? { status: o.status } : {}) };
   try {
-    if (group === "shard" && command === "takeover") await takeoverShard(ctx, shardId(positionals[0]));
-    else if (group === "shard" && command === "split") {
-      const child = values.child === undefined ? undefined : intFlag("child", values.child, 0);
-      await splitShardOp(ctx, shardId(positionals[0]), { ...(child !== undefined ? { child } : {}), lower: values.lower });
-    } else if (group === "shard" && command === "rebuild") await rebuildShard(ctx, shardId(positionals[0]));
-    else if (group === "replica" && command === "setup") {
-      if (values["source-api"] === undefined) throw new UsageError(`--source-api <prefix> is required (e.g. '$JS.primary.API')\n${USAGE}`);
-      const to = await connectNats({ ...config, JETGATE_NATS_URL: values.to!.split(",") }, "jetgate-cli-replica");
-      try {
-        await setupReplica(ctx, to, values["source-api"]);
-      } finally {
-        await to.close();
-      }
-    } else if (group === "failover" && positionals.length === 0) await failover(ctx, intFlag("epoch-margin", values["epoch-margin"], 100));
-    else throw new UsageError(USAGE);
+    await op(ctx, flags, config);
     return 0;
   } finally {
     await nc.close();
+  }
+}
+
+/** Runs a registry command: its flags (--shards overrides JETGATE_SHARDS), the settings, then `run` on a NATS connection (closed after). */
+async function withRegistry(args: string[], run: (nc: NatsConnection, config: Config, json: boolean) => Promise<number>): Promise<number> {
+  const { values } = parse({
+    args,
+    options: { shards: { type: "string" }, json: { type: "boolean", default: false } },
+    strict: true,
+  });
+  const env = withLocalStack({ ...process.env });
+  if (values.shards !== undefined) env.JETGATE_SHARDS = values.shards;
+  const config = loadConfig(env, "tool");
+  const nc = await connectNats(config, "jetgate-cli");
+  try {
+    return await run(nc, config, values.json);
+  } finally {
+    await nc.close();
+  }
+}
+
+async function registryInit(nc: NatsConnection, config: Config, out: (line: string) => void): Promise<number> {
+  const r = await initRegistry(nc, { ...config, shards: config.JETGATE_SHARDS, by: "cli" });
+  out(r.layoutWritten ? `registry: initialised with ${r.shards} shards` : `registry: already initialised (${r.shards} shards); nothing changed`);
+  if (r.registryCreated) out("stream JETGATE_REGISTRY: created");
+  for (const s of r.streamsCreated) out(`stream ${s}: created`);
+  for (const s of r.streamsExisting) out(`stream ${s}: exists`);
+  for (const s of r.atomicEnabled) out(`stream ${s}: atomic batches allowed (allow_atomic)`);
+  for (const s of r.mismatched) out(`WARNING stream ${s}: its log id differs from the registry's; workers will refuse it`);
+  return r.mismatched.length > 0 ? 2 : 0;
+}
+
+async function registryShow(nc: NatsConnection, json: boolean, out: (line: string) => void): Promise<number> {
+  const registry = await RegistryClient.open(nc);
+  try {
+    const shards = [...registry.state.shards.values()].sort((a, b) => a.shard - b.shard);
+    if (json) {
+      out(JSON.stringify({ seq: registry.state.seq, shards }, bigintsAsStrings, 2));
+      return 0;
+    }
+    out(`registry at record ${registry.state.seq}: ${shards.length} shards`);
+    for (const s of shards) {
+      // who works under the current epoch: unclaimed (written by an operation, or released by a
+      // planned stop: the next worker resumes it), or the worker
+      const released = s.released_offset !== undefined ? `, released at offset ${s.released_offset}` : "";
+      const owner = s.owner === null ? `unclaimed${released}` : s.owner === undefined ? "claimed" : `claimed by ${s.owner}${released ? ` (resumed after a release at offset ${s.released_offset})` : ""}`;
+      out(`shard ${s.shard} ${s.status} range ${rangeLabel(s.range)} epoch ${countLabel(s.epoch)} log ${s.log} (${s.boundaries.length} boundaries, ${s.splits.length} splits; epoch ${owner})`);
+      for (const b of s.boundaries) {
+        out(`  epoch ${b.epoch} ${b.cause} log ${b.log} start_offset ${b.start_offset} start_seq ${seqLabel(b.start_seq)} prev_end_seq ${seqLabel(b.prev_end_seq)}`);
+      }
+    }
+    out(`offset limit per log: ${MAX_OFFSET}`);
+    return 0;
+  } finally {
+    await registry.close();
   }
 }
 
@@ -114,70 +271,13 @@ export function terminal(write: (s: string) => void): { out: (line: string) => v
   };
 }
 
-/** `out`: where lines go (a test's collector); left out, stdout, with a live status line when it is a terminal. */
+/** `given`: where lines go (a test's collector); left out, stdout, with a live status line when it is a terminal. */
 export async function cli(argv: string[], given?: (line: string) => void): Promise<number> {
   const term = given === undefined && process.stdout.isTTY === true ? terminal((s) => void process.stdout.write(s)) : undefined;
   const out = given ?? term?.out ?? console.log;
-  if (wantsHelp(argv) || argv[0] === "help") {
-    out(USAGE);
-    return 0;
-  }
-  const [group, command, ...rest] = argv;
-  if (group === "worker") {
-    await runWorker();
-    return -1; // keeps running
-  }
-  if (group === "shard" || group === "replica" || group === "failover") return operate(argv, out, term?.status);
-  if (group !== "registry" || (command !== "init" && command !== "show")) {
-    throw new UsageError(`${group === undefined ? "which command?" : `unknown command: ${argv.slice(0, 2).join(" ")}`}
-${USAGE}`);
-  }
-  const { values } = parse({
-    args: rest,
-    options: { shards: { type: "string" }, json: { type: "boolean", default: false } },
-    strict: true,
-  });
-  const env = withLocalStack({ ...process.env });
-  if (values.shards !== undefined) env.JETGATE_SHARDS = values.shards;
-  const config = loadConfig(env, "tool");
-  const nc = await connectNats(config, "jetgate-cli");
-  try {
-    if (command === "init") {
-      const r = await initRegistry(nc, { ...config, shards: config.JETGATE_SHARDS, by: "cli" });
-      out(r.layoutWritten ? `registry: initialised with ${r.shards} shards` : `registry: already initialised (${r.shards} shards); nothing changed`);
-      if (r.registryCreated) out("stream JETGATE_REGISTRY: created");
-      for (const s of r.streamsCreated) out(`stream ${s}: created`);
-      for (const s of r.streamsExisting) out(`stream ${s}: exists`);
-      for (const s of r.atomicEnabled) out(`stream ${s}: atomic batches allowed (allow_atomic)`);
-      for (const s of r.mismatched) out(`WARNING stream ${s}: its log id differs from the registry's; workers will refuse it`);
-      return r.mismatched.length > 0 ? 2 : 0;
-    }
-    const registry = await RegistryClient.open(nc);
-    try {
-      const shards = [...registry.state.shards.values()].sort((a, b) => a.shard - b.shard);
-      if (values.json) {
-        out(JSON.stringify({ seq: registry.state.seq, shards }, bigintsAsStrings, 2));
-        return 0;
-      }
-      out(`registry at record ${registry.state.seq}: ${shards.length} shards`);
-      for (const s of shards) {
-        // who works under the current epoch: unclaimed (written by an operation, or released by a
-        // planned stop: the next worker resumes it), or the worker
-        const released = s.released_offset !== undefined ? `, released at offset ${s.released_offset}` : "";
-        const owner = s.owner === null ? `unclaimed${released}` : s.owner === undefined ? "claimed" : `claimed by ${s.owner}${released ? ` (resumed after a release at offset ${s.released_offset})` : ""}`;
-        out(`shard ${s.shard} ${s.status} range ${rangeLabel(s.range)} epoch ${countLabel(s.epoch)} log ${s.log} (${s.boundaries.length} boundaries, ${s.splits.length} splits; epoch ${owner})`);
-        for (const b of s.boundaries) {
-          out(`  epoch ${b.epoch} ${b.cause} log ${b.log} start_offset ${b.start_offset} start_seq ${seqLabel(b.start_seq)} prev_end_seq ${seqLabel(b.prev_end_seq)}`);
-        }
-      }
-      out(`offset limit per log: ${MAX_OFFSET}`);
-      return 0;
-    } finally {
-      await registry.close();
-    }
-  } finally {
-    await nc.close();
-  }
+  // `--help` anywhere asks for the usage, whatever command it follows
+  const { command, args } = wantsHelp(argv) ? find(["help"]) : find(argv);
+  return command.run(args, { out, status: term?.status });
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {

@@ -7,19 +7,8 @@
 import { hostname } from "node:os";
 import type { AddressInfo } from "node:net";
 import { pino } from "pino";
-import { RedisKeys, loadConfig } from "../protocol/index.js";
-import {
-  DependencyHealth,
-  answerStats,
-  RegistryClient,
-  connectNats,
-  connectRedis,
-  exitOnUnhandledRejection,
-  onShutdownSignal,
-  registryLogging,
-  runAsMain,
-  startOpsHttp,
-} from "../protocol/io/index.js";
+import { RedisKeys } from "../protocol/index.js";
+import { loadConfig, DependencyHealth, answerStats, RegistryClient, connectNats, connectRedis, exitOnUnhandledRejection, onShutdownSignal, registryLogging, runAsMain, startOpsHttp } from "../protocol/io/index.js";
 import { GatewayBeats } from "./gateway-beats.js";
 import { WorkerMetrics } from "./metrics.js";
 import { PushRouter } from "./push-router.js";

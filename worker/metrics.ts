@@ -40,7 +40,7 @@ export class WorkerMetrics {
     this.duplicates = c("jetgate_worker_duplicates_total", "Entries whose dispatch_id:user was seen at another offset: not pushed.", ["shard"]);
     this.forwarded = c("jetgate_worker_forwarded_total", "Entries for users this shard no longer owns, forwarded to the owning shard.", ["shard"]);
     this.badEntries = c("jetgate_worker_bad_entries_total", "Entries with an unreadable subject or body: skipped.", ["shard"]);
-    this.regressions = c("jetgate_mailbox_seq_regression_total", "A derived seq at or below the previous one (ADR-0004 release gate: must stay 0).", ["component"]);
+    this.regressions = c("jetgate_mailbox_seq_regression_total", "A derived seq at or below the previous one (must stay 0: docs/design.md, Review points).", ["component"]);
     this.redisRetries = c("jetgate_worker_redis_retries_total", "Batches whose Redis step failed and was retried.", ["shard"]);
     this.takeovers = c("jetgate_worker_takeovers_total", "Shards taken over by this worker, by mode: claim (an operation's epoch), resume (an epoch released by a planned stop) or bump (a new epoch that fences the previous owner).", ["shard", "mode"]);
     this.releases = c("jetgate_worker_releases_total", "Planned stops of a shard (SIGTERM, rebalancing), by outcome: released (the next owner resumes the epoch), fenced (a newer epoch came first) or failed (not written: the next owner bumps).", ["shard", "outcome"]);

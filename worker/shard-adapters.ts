@@ -10,8 +10,7 @@ import { isWorkerConsumer, processingFloor, shardStream, workerConsumerName, typ
 import { CONSUME_OPTIONS, logOfStream, type RedisClient, type RegistryClient } from "../protocol/io/index.js";
 import { applyBatch } from "./mailbox-script.js";
 import type { WorkerMetrics } from "./metrics.js";
-import type { Deliveries, LogMsg, MailboxStore, PushSink, ShardLog } from "./shard-ports.js";
-import type { RunnerConfig, RunnerDeps } from "./shard-runner.js";
+import type { Deliveries, LogMsg, MailboxStore, PushSink, RunnerConfig, RunnerDeps, ShardLog } from "./shard-ports.js";
 
 /** What a worker process runs its shards with (worker/main.ts builds it). */
 export interface WorkerDeps {

@@ -24,8 +24,7 @@ import { writeRefusal } from "../protocol/io/index.js";
 import { planBatch, pushesOf, type BatchItem } from "./batch-step.js";
 import { RETRY_BACKOFF, type EpochGuard } from "./epoch-guard.js";
 import type { ApplyEntryResult, BatchShared } from "./mailbox-script.js";
-import type { DeliveredMsg, LogMsg } from "./shard-ports.js";
-import type { RunnerDeps } from "./shard-runner.js";
+import type { DeliveredMsg, LogMsg, RunnerDeps } from "./shard-ports.js";
 
 /** The runner's ports and parts this needs (every one but its worker id), and its shard. */
 export type BatchDeps = Omit<RunnerDeps, "workerId"> & { shard: number };

@@ -1,5 +1,6 @@
 /**
- * Operator shard operations (ADR-0004 E1-E3): `jetgate shard takeover|split|rebuild <id>`.
+ * Operator shard operations (E1-E4 of docs/design.md, "Epochs and logs"): `jetgate shard
+ * takeover|split|rebuild <id>`, and the failover to a copy.
  *
  * Takeover, rebuild and failover write the registry first (the epoch bump and its boundary in one
  * record), then do the NATS work; a split creates the child's stream first, so that no process
@@ -151,8 +152,8 @@ async function copied(jsm: JetStreamManager, name: string, want: number, ctx: Op
  * E1 by hand: bumps the shard's epoch from its consumers' ack floor. The owning worker is fenced
  * (it stops at its next batch) and a worker takes the shard over by claiming this epoch. An epoch
  * no worker has claimed (one a takeover, split, rebuild or `registry init` wrote) has nobody to
- * fence: the command says so and spends nothing (each epoch is 1 of 65,536, and ADR-0004 reviews a
- * shard at 1,000).
+ * fence: the command says so and spends nothing (each epoch is 1 of 65,536, and a shard is reviewed
+ * at 1,000: docs/design.md, "Review points").
  */
 export async function takeoverShard(ctx: OpsContext, shard: number): Promise<void> {
   await withRegistry(ctx, async (registry, jsm) => {

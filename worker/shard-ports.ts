@@ -4,8 +4,10 @@
  * the ports only carry. worker/shard-adapters.ts wires them to NATS and Redis, and
  * test/unit/shard-runner.test.ts to memory.
  */
-import type { Push, RegistryRecord, RegistryState } from "../protocol/index.js";
+import type { Logger } from "pino";
+import type { Config, Push, RegistryRecord, RegistryState } from "../protocol/index.js";
 import type { ApplyEntryResult, BatchEntry, BatchShared } from "./mailbox-script.js";
+import type { WorkerMetrics } from "./metrics.js";
 
 /** A message of the shard stream: delivered by the epoch's consumer, or read by offset to fill a hole. */
 export interface LogMsg {
@@ -75,4 +77,28 @@ export interface RegistryView {
    * retried on a conflict with the state that won; resolves once it is acknowledged and applied.
    */
   update(mutate: (state: RegistryState) => RegistryRecord | null): Promise<{ state: RegistryState } | null>;
+}
+
+export type RunnerConfig = Pick<
+  Config,
+  | "JETGATE_WORKER_BATCH"
+  | "JETGATE_WORKER_ACK_WAIT_S"
+  | "JETGATE_HOT_CACHE_MAXLEN"
+  | "JETGATE_HOT_CACHE_TTL_S"
+  | "JETGATE_DEDUP_TTL_S"
+  | "JETGATE_STREAM_MAX_AGE_S"
+  | "JETGATE_FAULT_EXIT_AFTER"
+>;
+
+/** A runner's ports (worker/shard-adapters.ts wires them to NATS and Redis) and its process's own parts. */
+export interface RunnerDeps {
+  shardLog: ShardLog;
+  mailboxes: MailboxStore;
+  /** Where pushes go: one sink for every shard of the worker, flushed after each batch's pushes. */
+  pushes: PushSink;
+  registry: RegistryView;
+  metrics: WorkerMetrics;
+  log: Logger;
+  workerId: string;
+  config: RunnerConfig;
 }

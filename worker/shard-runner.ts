@@ -11,12 +11,10 @@
  * that cannot be written (NATS away, or a fence came first) leaves the epoch claimed: the next owner
  * bumps it, as after a crash.
  */
-import type { Logger } from "pino";
-import type { Config, TakeoverPlan } from "../protocol/index.js";
+import type { TakeoverPlan } from "../protocol/index.js";
 import { EpochGuard } from "./epoch-guard.js";
-import type { WorkerMetrics } from "./metrics.js";
 import { ShardBatches } from "./shard-batch.js";
-import type { Deliveries, MailboxStore, PushSink, RegistryView, ShardLog } from "./shard-ports.js";
+import type { Deliveries, RunnerDeps } from "./shard-ports.js";
 import { pump } from "./shard-pump.js";
 import { writeRelease, type ReleaseOutcome, type Stopped } from "./release.js";
 import { takeShard } from "./takeover.js";
@@ -25,31 +23,6 @@ export type RunnerState =
   | { type: "starting" }
   | { type: "running"; epoch: number }
   | { type: "stopped"; reason: string };
-
-export type RunnerConfig = Pick<
-  Config,
-  | "JETGATE_WORKER_BATCH"
-  | "JETGATE_WORKER_ACK_WAIT_S"
-  | "JETGATE_HOT_CACHE_MAXLEN"
-  | "JETGATE_HOT_CACHE_TTL_S"
-  | "JETGATE_DEDUP_TTL_S"
-  | "JETGATE_STREAM_MAX_AGE_S"
-  | "JETGATE_FAULT_EXIT_AFTER"
->;
-
-/** A runner's ports (worker/shard-adapters.ts wires them to NATS and Redis) and its process's own parts. */
-export interface RunnerDeps {
-  shardLog: ShardLog;
-  mailboxes: MailboxStore;
-  /** Where pushes go: one sink for every shard of the worker, flushed after each batch's pushes. */
-  pushes: PushSink;
-  registry: RegistryView;
-  metrics: WorkerMetrics;
-  log: Logger;
-  workerId: string;
-  config: RunnerConfig;
-}
-
 
 const TAKEN: Record<TakeoverPlan["mode"], string> = {
   claim: "shard taken over (claimed the epoch)",

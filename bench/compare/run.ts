@@ -25,7 +25,7 @@
  * the devices. BENCH_SOURCE=1 runs jetgate from its sources instead of its build (the test suite).
  * With --json: one object per line per system, then a summary line of throughput ratios.
  */
-import { parseFlags, usageError } from "../../protocol/index.js";
+import { parseFlags, usageError } from "../../protocol/io/index.js";
 import { cpus } from "node:os";
 import { readFileSync } from "node:fs";
 import { execFileSync } from "node:child_process";

@@ -2,7 +2,7 @@
 import { z } from "zod";
 import { AdminStateSchema } from "./admin.js";
 import { UserLookupSchema } from "./users-api.js";
-import { jsonContent, inlineSchema, ref, type OpenApiExtension } from "./openapi.js";
+import { jsonContent, inlineSchema, ref, type OpenApiExtension } from "./openapi-parts.js";
 
 const AdminErrorSchema = z.object({ error: z.string() });
 const text = inlineSchema(z.string());

@@ -20,7 +20,7 @@ export const ADMIN_HTML = /* html */ `<!doctype html>
   </section>
   <section id="down-card" hidden><h2>Not answering</h2><ul id="down"></ul></section>
   <section id="shards-card" hidden><h2>Shards</h2><table id="shards"></table>
-    <p class="small">Offset use: log offset of the shard's stream against 2^48 (log scale; the mark is ADR-0004's review point, 10%). Epochs used: of 65,536 (log scale; the mark is the review point, 1,000). Lag: entries in the stream after the owning worker's last offset.</p></section>
+    <p class="small">Offset use: log offset of the shard's stream against 2^48 (log scale; the mark is the review point, 10%: docs/design.md, "Review points"). Epochs used: of 65,536 (log scale; the mark is the review point, 1,000). Lag: entries in the stream after the owning worker's last offset.</p></section>
   <section id="timeline-card" hidden><h2>Epoch history</h2><div id="timeline"></div><div class="legend small" id="legend"></div></section>
   <section id="gateways-card" hidden><h2>Gateways</h2><table id="gateways"></table></section>
   <section id="workers-card" hidden><h2>Workers</h2><table id="workers"></table></section>

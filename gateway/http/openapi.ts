@@ -7,8 +7,8 @@
 import { z } from "zod";
 import { MAX_RECIPIENTS } from "../../protocol/index.js";
 import { ReadyzSchema } from "../../protocol/io/index.js";
-// a cycle (it uses this module's helpers): only this module may import it
 import { ADMIN_OPENAPI } from "./admin-openapi.js";
+import { inlineSchema, jsonContent, ref, type ComponentSchema, type Json, type OpenApiExtension, type PathItem } from "./openapi-parts.js";
 import { USERS_OPENAPI } from "./users-openapi.js";
 import {
   DispatchAnswerSchema,
@@ -21,43 +21,8 @@ import {
   maxDispatchBodyBytes,
 } from "./dispatch-body.js";
 
-type Json = Record<string, unknown>;
-/** An OpenAPI Path Item Object (`{get: {...}, post: {...}}`), as plain JSON. */
-export type PathItem = Json;
-/** A schema for components.schemas: `io: "input"` documents what a request may hold (before transforms). */
-export interface ComponentSchema {
-  schema: z.ZodType;
-  io: "input" | "output";
-}
-
-/**
- * The hook for other parts of the HTTP API: the admin API (`/admin/...`) documents itself with one
- * of these (its path items, using `ref(name)` / `jsonContent` for its named schemas) and adds it to
- * OPENAPI_EXTENSIONS below; the server, `npm run openapi` and the tests then all include it.
- */
-export interface OpenApiExtension {
-  paths: Record<string, PathItem>;
-  schemas?: Record<string, ComponentSchema>;
-}
-
 /** Extensions every served and written document includes (the admin API's goes here). */
 export const OPENAPI_EXTENSIONS: readonly OpenApiExtension[] = [USERS_OPENAPI, ADMIN_OPENAPI];
-
-// helpers are function declarations: an extension's module may import them while this one imports it
-export function ref(name: string): { $ref: string } {
-  return { $ref: `#/components/schemas/${name}` };
-}
-
-/** A zod schema inline, as a 2020-12 schema without its `$schema` (OpenAPI 3.1 implies the dialect). */
-export function inlineSchema(schema: z.ZodType, io: "input" | "output" = "output"): Json {
-  const { $schema: _dialect, ...rest } = z.toJSONSchema(schema, { io });
-  return rest;
-}
-
-/** A response or request body of one media type. */
-export function jsonContent(schema: Json, example?: unknown, type = "application/json"): Json {
-  return { content: { [type]: { schema, ...(example !== undefined ? { example } : {}) } } };
-}
 
 const SCHEMAS: Record<string, ComponentSchema> = {
   DispatchRequest: { schema: DispatchBodySchema, io: "input" },

@@ -13,17 +13,8 @@
 import type * as Uws from "uWebSockets.js";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { z } from "zod";
-import {
-  GATEWAY_LIVENESS,
-  CONTROL_SUBJECTS,
-  idProblem,
-  seqLabel,
-  type Config,
-  type CursorSigner,
-  type MailboxSeq,
-  type RedisKeys,
-} from "../../protocol/index.js";
-import { scripted, type RedisClient } from "../../protocol/io/index.js";
+import { GATEWAY_LIVENESS, CONTROL_SUBJECTS, idProblem, seqLabel, type Config, type MailboxSeq, type RedisKeys } from "../../protocol/index.js";
+import { scripted, type RedisClient, type CursorSigner } from "../../protocol/io/index.js";
 import { bearerMatches, type FailedAuthThrottle } from "./bearer.js";
 import { issueField } from "./dispatch-body.js";
 import {

@@ -1,6 +1,6 @@
 /** The users API's routes (gateway/http/users-api.ts) in the OpenAPI document. */
 import { MAX_PRESENCE_USERS } from "./control.js";
-import { jsonContent, ref, type OpenApiExtension, type PathItem } from "./openapi.js";
+import { jsonContent, ref, type OpenApiExtension, type PathItem } from "./openapi-parts.js";
 import {
   DisconnectBodySchema,
   EndedAnswerSchema,

@@ -1,5 +1,5 @@
 /**
- * The AUTH cursor decision (ADR-0004 section 4, DESIGN section 6) as a pure function.
+ * The AUTH cursor decision (docs/design.md, "Cursor cases") as a pure function.
  *
  * Given the device's cursor `{shard, epoch, log, seq}` (its signature already checked), the
  * registry, the bounds (trim watermark, last offset) of every shard involved and the user's head,

@@ -1,6 +1,6 @@
 /**
- * What a user's hot cache proves, read from its rows alone (DESIGN section 5: any Redis key may
- * vanish on its own, so a fact about the cache lives in the cache). Each row carries `prevAll`, the
+ * What a user's hot cache proves, read from its rows alone (docs/design.md, "Nothing is lost": any
+ * Redis key may vanish on its own, so a fact about the cache lives in the cache). Each row carries `prevAll`, the
  * user's previous seq over all lanes when the worker wrote it. A row whose `prevAll` is at or below
  * the position before it says "no entry of the user lies between them": a run of such rows, starting
  * at a reader's `after`, holds every entry of the user in its range. A missing key gives no rows, a

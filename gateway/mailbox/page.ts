@@ -8,7 +8,8 @@
  * and about MAX_PAGE_BYTES of bodies.
  */
 import { z } from "zod";
-import { composeSeq, idSchema, seqEpoch, seqOffset, type CursorSigner, type Entry, type MailboxSeq } from "../../protocol/index.js";
+import { composeSeq, idSchema, seqEpoch, seqOffset, type Entry, type MailboxSeq } from "../../protocol/index.js";
+import { type CursorSigner } from "../../protocol/io/index.js";
 import type { AuthDecision, CursorIn } from "./auth-decision.js";
 import { gatherAndDecide } from "./gather.js";
 import type { MailboxSource, RegistryView } from "../ports.js";

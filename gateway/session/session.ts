@@ -81,6 +81,12 @@ export class Session extends SessionRequests {
       case "REFRESH":
         // on a chain of its own: a token must not expire behind a catch-up
         return this.queueRefresh(frame);
+      default: {
+        // A frame type added to ClientFrame and routed nowhere fails to compile here; at run time
+        // (the decoder's type list ahead of this switch) it is refused as an unknown type would be.
+        const unhandled: never = frame;
+        return this.fail(Disconnect.BAD_FRAME, `unknown frame type ${JSON.stringify((unhandled as { t: unknown }).t)}`);
+      }
     }
   }
 

@@ -461,7 +461,7 @@ export class DispatchFlight {
       // Every log's first boundary starts at offset 1 and shards are never removed: always defined.
       seq = this.shards().seqOf(job.shard, offset);
     } catch {
-      seq = undefined; // an offset past the 48-bit field (ADR-0004 alerts long before)
+      seq = undefined; // an offset past the 48-bit field (alerted long before: docs/design.md, "Review points")
     }
     if (seq === undefined) {
       const message = `appended at offset ${offset}, but the registry numbers no such offset of shard ${job.shard}`;

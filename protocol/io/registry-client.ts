@@ -1,5 +1,5 @@
 /**
- * Reads and writes the shard registry on the JETGATE_REGISTRY stream (DESIGN section 3).
+ * Reads and writes the shard registry on the JETGATE_REGISTRY stream (docs/design.md, "The registry").
  *
  * Every write is appended with Nats-Expected-Last-Sequence = the last record this client has
  * applied; a conflict means someone else wrote first, so the client waits until it has applied

@@ -1,5 +1,5 @@
 /**
- * JetStream streams of jetgate (DESIGN section 4) and their settings, in one place.
+ * JetStream streams of jetgate (docs/design.md, "Epochs and logs": a shard stream's log) and their settings, in one place.
  *
  * Each shard stream records its log id (stream generation) in its description, so a worker can
  * tell the stream the registry means from one recreated behind its back.

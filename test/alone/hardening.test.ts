@@ -5,15 +5,8 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { createHmac } from "node:crypto";
-import {
-  DEV_JWT_SECRET,
-  ErrorCode,
-  RedisKeys,
-  decodeServerFrame,
-  loadConfig,
-  seqKey,
-  MAX_RECIPIENTS,
-} from "../../protocol/index.js";
+import { DEV_JWT_SECRET, ErrorCode, RedisKeys, decodeServerFrame, seqKey, MAX_RECIPIENTS } from "../../protocol/index.js";
+import { loadConfig } from "../../protocol/io/index.js";
 import { maxDispatchBodyBytes } from "../../gateway/http/dispatch-body.js";
 import { startStack, redisClient } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";

@@ -6,8 +6,8 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { RedisKeys, loadConfig } from "../../protocol/index.js";
-import { RegistryClient, connectNats, connectRedis } from "../../protocol/io/index.js";
+import { RedisKeys } from "../../protocol/index.js";
+import { loadConfig, RegistryClient, connectNats, connectRedis } from "../../protocol/io/index.js";
 import { MailboxReader } from "../../gateway/mailbox/reader.js";
 import { runScenario } from "../harness/faults.js";
 import { NatsServer, RedisServer, freePort, startAll } from "../harness/servers.js";

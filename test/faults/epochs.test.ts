@@ -1,5 +1,5 @@
 /**
- * ADR-0004 E1-E3 under load: worker SIGKILL, shard split and stream rebuild by the operator CLI,
+ * E1-E3 (docs/design.md, "Epochs and logs") under load: worker SIGKILL, shard split and stream rebuild by the operator CLI,
  * each while entries are dispatched and devices keep reconnecting.
  */
 import { test } from "node:test";

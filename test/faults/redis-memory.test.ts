@@ -15,7 +15,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { Redis } from "ioredis";
-import { RedisKeys, WATERMARK_ALL, loadConfig } from "../../protocol/index.js";
+import { RedisKeys, WATERMARK_ALL } from "../../protocol/index.js";
+import { loadConfig } from "../../protocol/io/index.js";
 import { scenarioOnInfra, type FaultRun } from "../harness/faults.js";
 import { redisClient } from "../harness/stack.js";
 import { sleep, waitFor } from "../harness/wait.js";

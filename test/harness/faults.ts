@@ -221,7 +221,7 @@ export class FaultRun {
       onEntry: (e) => {
         assert.ok(!instance.has(e.id), `${d.user}/${d.name}: one SDK instance applied ${e.id} twice`);
         instance.add(e.id);
-        // the app's own store dedups by message id across restarts (ADR-0004: the last line)
+        // the app's own store dedups by message id across restarts (the last line: docs/design.md, "Nothing is lost")
         if (d.ids.has(e.id)) d.appDuplicates++;
         else {
           d.ids.add(e.id);

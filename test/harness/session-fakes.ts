@@ -5,22 +5,8 @@
  * integration tests cover those.
  */
 import { pino } from "pino";
-import {
-  type Disconnect,
-  ShardMap,
-  applyRecord,
-  cursorSigner,
-  decodeServerFrame,
-  deriveSeq,
-  loadConfig,
-  type Config,
-  type Entry,
-  type MailboxSeq,
-  type Push,
-  type RegistryState,
-  type ServerFrame,
-  type ShardState,
-} from "../../protocol/index.js";
+import { type Disconnect, ShardMap, applyRecord, decodeServerFrame, deriveSeq, type Config, type Entry, type MailboxSeq, type Push, type RegistryState, type ServerFrame, type ShardState } from "../../protocol/index.js";
+import { loadConfig, cursorSigner } from "../../protocol/io/index.js";
 import type { ShardBounds } from "../../gateway/mailbox/auth-decision.js";
 import { ShardNotReadyError } from "../../gateway/mailbox/gather.js";
 import { GatewayMetrics } from "../../gateway/metrics.js";

@@ -6,18 +6,8 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { connect, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
 import { Redis } from "ioredis";
-import {
-  BROADCAST_PUSH_SUBJECT,
-  ALL_PUSH_SUBJECTS,
-  REDIS_SCRIPTS,
-  type RedisScriptCommands,
-  RedisKeys,
-  decodePushBatch,
-  loadConfig,
-  routedPushSubject,
-  type Push,
-} from "../../protocol/index.js";
-import { Dispatcher, RegistryClient, connectNats, scripted, type DispatcherOptions } from "../../protocol/io/index.js";
+import { BROADCAST_PUSH_SUBJECT, ALL_PUSH_SUBJECTS, REDIS_SCRIPTS, type RedisScriptCommands, RedisKeys, decodePushBatch, routedPushSubject, type Push } from "../../protocol/index.js";
+import { loadConfig, Dispatcher, RegistryClient, connectNats, scripted, type DispatcherOptions } from "../../protocol/io/index.js";
 import { initRegistry } from "../../worker/index.js";
 import { NatsServer, RedisServer, freePort } from "./servers.js";
 

@@ -30,7 +30,8 @@ import { HorizontalPodAutoscaler, type IHorizontalPodAutoscaler } from "kubernet
 import { Ingress, type IIngress } from "kubernetes-models/networking.k8s.io/v1/Ingress";
 import { ServiceMonitor, type IServiceMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor";
 import { PrometheusRule, type IPrometheusRule } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PrometheusRule";
-import { ENV_VARS, loadConfig, type ConfigRole } from "../../protocol/index.js";
+import { ENV_VARS, type ConfigRole } from "../../protocol/index.js";
+import { loadConfig } from "../../protocol/io/index.js";
 import { ensurePinned } from "../../scripts/pinned.js";
 
 const CHART_DIR = fileURLToPath(new URL("../../k8s/jetgate", import.meta.url));

@@ -1,21 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { AckPolicy, DeliverPolicy, jetstream, jetstreamManager } from "@nats-io/jetstream";
-import {
-  REGISTRY_STREAM,
-  bumpEpoch,
-  frozenSubject,
-  claimEpoch,
-  encodeStoredEntry,
-  entrySubject,
-  halfRange,
-  loadConfig,
-  shardStream,
-  shardSubjects,
-  splitShard,
-  workerConsumerName,
-} from "../../protocol/index.js";
-import { RegistryClient, logOfStream, newLogId, shardStreamConfig } from "../../protocol/io/index.js";
+import { REGISTRY_STREAM, bumpEpoch, frozenSubject, claimEpoch, encodeStoredEntry, entrySubject, halfRange, shardStream, shardSubjects, splitShard, workerConsumerName } from "../../protocol/index.js";
+import { loadConfig, RegistryClient, logOfStream, newLogId, shardStreamConfig } from "../../protocol/io/index.js";
 import { registryRig } from "../harness/registry-rig.js";
 import { runCli } from "../harness/cli.js";
 

@@ -1,25 +1,8 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { jetstream, jetstreamManager, type JsMsg } from "@nats-io/jetstream";
-import {
-  RedisKeys,
-  bigintsAsStrings,
-  bumpEpoch,
-  composeSeq,
-  halfRange,
-  loadConfig,
-  seqOffset,
-  shardStream,
-  splitShard,
-  userHash,
-  WATERMARK_ALL,
-  type CursorToken,
-  type DeviceCursor,
-  type Entry,
-  type MailboxSeq,
-  type ServerFrame,
-} from "../../protocol/index.js";
-import { newLogId, shardStreamConfig } from "../../protocol/io/index.js";
+import { RedisKeys, bigintsAsStrings, bumpEpoch, composeSeq, halfRange, seqOffset, shardStream, splitShard, userHash, WATERMARK_ALL, type CursorToken, type DeviceCursor, type Entry, type MailboxSeq, type ServerFrame } from "../../protocol/index.js";
+import { loadConfig, newLogId, shardStreamConfig } from "../../protocol/io/index.js";
 import { redisClient, startStack, spawnGateway, spawnWorker } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { waitFor } from "../harness/wait.js";

@@ -1,5 +1,5 @@
 /**
- * Redis loses keys, jetgate loses nothing (DESIGN section 5: any key may vanish alone). The cases an
+ * Redis loses keys, jetgate loses nothing (docs/design.md, "Nothing is lost": any key may vanish alone). The cases an
  * independent probe found, then a property test: random dispatches, device connects and
  * disconnects, and deletion of any subset of any user's keys (and FLUSHALL) at any point; after every
  * reconnect each entry after the device's cursor arrives before SYNCED, once, in order, and live
@@ -9,7 +9,8 @@
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import { RedisKeys, loadConfig, type Entry, type ServerFrame } from "../../protocol/index.js";
+import { RedisKeys, type Entry, type ServerFrame } from "../../protocol/index.js";
+import { loadConfig } from "../../protocol/io/index.js";
 import { redisClient, spawnWorker, startStack } from "../harness/stack.js";
 import { runCli } from "../harness/cli.js";
 import { TestDevice, deviceToken } from "../harness/device.js";

@@ -8,8 +8,8 @@ import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { loadConfig, natsVersionProblem } from "../../protocol/index.js";
-import { connectNats, NatsServerTooOldError } from "../../protocol/io/index.js";
+import { natsVersionProblem } from "../../protocol/index.js";
+import { loadConfig, connectNats, NatsServerTooOldError } from "../../protocol/io/index.js";
 import { NatsServer, OLD_NATS_BIN } from "../harness/servers.js";
 
 const old = await NatsServer.start({ bin: OLD_NATS_BIN });

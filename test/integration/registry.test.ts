@@ -2,15 +2,8 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import {
-  bumpEpoch,
-  deriveSeq,
-  loadConfig,
-  encodeStoredEntry,
-  entrySubject,
-  type RegistryState,
-} from "../../protocol/index.js";
-import { RegistryClient, logOfStream, newLogId, shardStreamConfig } from "../../protocol/io/index.js";
+import { bumpEpoch, deriveSeq, encodeStoredEntry, entrySubject, type RegistryState } from "../../protocol/index.js";
+import { loadConfig, RegistryClient, logOfStream, newLogId, shardStreamConfig } from "../../protocol/io/index.js";
 import { initRegistry } from "../../worker/index.js";
 import { cli } from "../../worker/cli.js";
 import { NatsServer } from "../harness/servers.js";

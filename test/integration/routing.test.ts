@@ -8,7 +8,8 @@
  */
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import { CloseCode, RedisKeys, loadConfig, parseRoutes, type Entry, type ServerFrame } from "../../protocol/index.js";
+import { CloseCode, RedisKeys, parseRoutes, type Entry, type ServerFrame } from "../../protocol/index.js";
+import { loadConfig } from "../../protocol/io/index.js";
 import { DispatchLoad, redisClient, spawnGateway, startStack } from "../harness/stack.js";
 import { TestDevice, deviceToken } from "../harness/device.js";
 import { waitFor } from "../harness/wait.js";

@@ -2,25 +2,8 @@ import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { headers } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import {
-  RedisKeys,
-  composeSeq,
-  encodeStoredEntry,
-  entrySubject,
-  halfRange,
-  loadConfig,
-  shardStream,
-  splitShard,
-  userHash,
-  decodeCacheRecord,
-  seqKey,
-  parseCacheRow,
-  cacheStreamId,
-  WATERMARK_ALL,
-  seqOffset,
-  type Push,
-} from "../../protocol/index.js";
-import { newLogId, shardStreamConfig } from "../../protocol/io/index.js";
+import { RedisKeys, composeSeq, encodeStoredEntry, entrySubject, halfRange, shardStream, splitShard, userHash, decodeCacheRecord, seqKey, parseCacheRow, cacheStreamId, WATERMARK_ALL, seqOffset, type Push } from "../../protocol/index.js";
+import { loadConfig, newLogId, shardStreamConfig } from "../../protocol/io/index.js";
 import { applyBatch } from "../../worker/mailbox-script.js";
 import { MailboxReader } from "../../gateway/mailbox/reader.js";
 import { startStack, PushCollector, redisClient, DispatchLoad } from "../harness/stack.js";

@@ -9,7 +9,7 @@
  */
 import { readFile } from "node:fs/promises";
 import { randomInt } from "node:crypto";
-import { parseFlags, usageError } from "../../protocol/index.js";
+import { parseFlags, usageError } from "../../protocol/io/index.js";
 import { FaultRun } from "../harness/faults.js";
 import type { Redis } from "ioredis";
 import { freePortForTest, initStack, redisClient, startInfra, type Infra, type JetgateProcess } from "../harness/stack.js";

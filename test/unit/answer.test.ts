@@ -1,6 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { ErrorCode, EMPTY_REGISTRY, applyRecord, composeSeq, cursorSigner, initialShards, type RegistryState } from "../../protocol/index.js";
+import { ErrorCode, EMPTY_REGISTRY, applyRecord, composeSeq, initialShards, type RegistryState } from "../../protocol/index.js";
+import { cursorSigner } from "../../protocol/io/index.js";
 import type { AuthDecision } from "../../gateway/mailbox/auth-decision.js";
 import { planAnswer, type AnswerFor } from "../../gateway/session/answer.js";
 

@@ -1,7 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { loadConfig, ConfigError, ENV_VARS, adminTokenProblem } from "../../protocol/index.js";
+import { ConfigError, ENV_VARS, adminTokenProblem } from "../../protocol/index.js";
+import { loadConfig } from "../../protocol/io/index.js";
 
 const key = Buffer.alloc(32, 1).toString("base64url");
 

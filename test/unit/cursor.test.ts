@@ -1,7 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { cursorSigner, CursorKeyError, CURSOR_SIG_BYTES } from "../../protocol/index.js";
+import { CURSOR_SIG_BYTES } from "../../protocol/index.js";
+import { cursorSigner, CursorKeyError } from "../../protocol/io/index.js";
 
 const k1 = new Uint8Array(randomBytes(32));
 const k2 = new Uint8Array(randomBytes(32));

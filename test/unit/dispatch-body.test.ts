@@ -1,7 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import { MAX_BODY_BYTES, MAX_ID_LENGTH, loadConfig, MAX_RECIPIENTS } from "../../protocol/index.js";
+import { MAX_BODY_BYTES, MAX_ID_LENGTH, MAX_RECIPIENTS } from "../../protocol/index.js";
+import { loadConfig } from "../../protocol/io/index.js";
 import { BATCH_SHAPE, DispatchShapeGuard, maxDispatchBodyBytes, parseDispatchBatch, parseDispatchBody } from "../../gateway/http/dispatch-body.js";
 
 const id = (c: string) => c.repeat(MAX_ID_LENGTH);

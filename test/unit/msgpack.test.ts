@@ -68,7 +68,7 @@ test("msgpack - unpackOne names truncated data, trailing bytes and unknown exten
 });
 
 test("msgpack - the shared scratch writer hands out copies and survives nested and large encodes", async () => {
-  const { encodeWith } = await import("../../protocol/index.js");
+  const { encodeWith } = await import("../../protocol/msgpack.js");
   const a = pack({ a: 1 });
   const b = pack({ b: 2 });
   assert.equal(hex(a), "81a16101", "an earlier result is not overwritten by a later encode");

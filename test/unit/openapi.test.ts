@@ -2,7 +2,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { z } from "zod";
-import { buildOpenApi, jsonContent, openApiDocument, openApiJson, ref } from "../../gateway/http/openapi.js";
+import { jsonContent, ref } from "../../gateway/http/openapi-parts.js";
+import { buildOpenApi, openApiDocument, openApiJson } from "../../gateway/http/openapi.js";
 import { parseDispatchBatch, parseDispatchBody } from "../../gateway/http/dispatch-body.js";
 import { OPENAPI_FILE } from "../../scripts/openapi.js";
 

@@ -139,7 +139,7 @@ test("registry - a failover bump rises by its margin; a bad margin is refused", 
 });
 
 test("registry - processingStart: from the ack floor, never below a takeover's start, but below a split's cut", async () => {
-  const { processingStart, splitShard, halfRange } = await import("../../protocol/index.js");
+  const { processingStart, splitShard, halfRange } = await import("../../protocol/registry-model.js");
   const t = bumpEpoch(s0, { cause: "takeover", start_offset: 40 });
   assert.equal(processingStart(t, 55), 56, "one past the floor");
   assert.equal(processingStart(t, 10), 40, "a takeover boundary was written from a floor: everything below was acked");
@@ -231,7 +231,7 @@ test("registry - at one epoch the owner only goes from unclaimed to a worker: no
 });
 
 test("registry - a planned release gives the epoch back at an offset; the next worker resumes it from the offset after, no epoch spent", async () => {
-  const { claimEpoch, releaseEpoch, planTakeover, processingStart, splitShard, halfRange } = await import("../../protocol/index.js");
+  const { claimEpoch, releaseEpoch, planTakeover, processingStart, splitShard, halfRange } = await import("../../protocol/registry-model.js");
   const claimed = claimEpoch(bumpEpoch(s0, { cause: "takeover", start_offset: 20, owner: null }), "w1");
   const released = releaseEpoch(claimed, "w1", 57);
   assert.deepEqual([released.epoch, released.owner, released.released_offset], [claimed.epoch, null, 57]);
@@ -309,7 +309,8 @@ test("processing floor: the newest epoch's worker consumer, not the highest floo
 });
 
 test("labels - a hash range in hex, eight digits each end (the CLI's and the console's); counts with separators", async () => {
-  const { rangeLabel, countLabel, evenRange } = await import("../../protocol/index.js");
+  const { rangeLabel, countLabel } = await import("../../protocol/hash.js");
+  const { evenRange } = await import("../../protocol/index.js");
   assert.equal(rangeLabel(evenRange(0, 2)), "0x00000000-0x7fffffff");
   assert.equal(rangeLabel(evenRange(1, 2)), "0x80000000-0xffffffff");
   assert.equal(rangeLabel({ lo: 0x1f, hi: 0x20 }), "0x0000001f-0x00000020");

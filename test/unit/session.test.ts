@@ -4,25 +4,8 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import {
-  CloseCode,
-  Disconnect,
-  ErrorCode,
-  bumpEpoch,
-  composeSeq,
-  encodeFrame,
-  halfRange,
-  initialShards,
-  splitShard,
-  userHash,
-  type ClientFrame,
-  type DeviceCursor,
-  type ErrorFrame,
-  type MailboxSeq,
-  type Push,
-  type ShardState,
-  cursorSigner,
-} from "../../protocol/index.js";
+import { CloseCode, Disconnect, ErrorCode, bumpEpoch, composeSeq, encodeFrame, halfRange, initialShards, splitShard, userHash, type ClientFrame, type DeviceCursor, type ErrorFrame, type MailboxSeq, type Push, type ShardState } from "../../protocol/index.js";
+import { cursorSigner } from "../../protocol/io/index.js";
 import { RequestError, TimeoutError } from "@nats-io/transport-node";
 import { JetStreamError } from "@nats-io/jetstream";
 import { UnavailableError } from "../../gateway/mailbox/gather.js";

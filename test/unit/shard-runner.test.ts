@@ -29,7 +29,8 @@ import {
 import type { ApplyEntryResult, BatchEntry, BatchShared } from "../../worker/mailbox-script.js";
 import { WorkerMetrics } from "../../worker/metrics.js";
 import type { DeliveredMsg, Deliveries, LogMsg, MailboxStore, PushSink, RegistryView, ShardLog } from "../../worker/shard-ports.js";
-import { ShardRunner, type RunnerConfig } from "../../worker/shard-runner.js";
+import type { RunnerConfig } from "../../worker/shard-ports.js";
+import { ShardRunner } from "../../worker/shard-runner.js";
 import { writeRelease } from "../../worker/release.js";
 
 const SHARD = 0;

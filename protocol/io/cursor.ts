@@ -2,16 +2,16 @@
  * Cursor tokens: the server's signature over (user, shard, epoch, log).
  *
  * The signature binds the log (stream generation id), not only the epoch: after a failover to a
- * registry copy that lagged, one epoch number can name two different logs (DESIGN section 6).
- * Keys rotate: sign with the first key, accept any key of the list. Node-only (node:crypto);
+ * registry copy that lagged, one epoch number can name two different logs (docs/design.md, "Cursors").
+ * Keys rotate: sign with the first key, accept any key of the list. Node-only (node:crypto), so in protocol/io;
  * devices never verify cursors, they only hand them back.
  */
 import { createHmac, timingSafeEqual } from "node:crypto";
-import { JetgateError } from "./errors.js";
-import { CURSOR_SIG_BYTES, type CursorToken } from "./frames.js";
-import { assertId } from "./ids.js";
-import { assertShard } from "./subjects.js";
-import { MAX_EPOCH } from "./seq.js";
+import { JetgateError } from "../errors.js";
+import { CURSOR_SIG_BYTES, type CursorToken } from "../frames.js";
+import { assertId } from "../ids.js";
+import { assertShard } from "../subjects.js";
+import { MAX_EPOCH } from "../seq.js";
 
 export class CursorKeyError extends JetgateError {
   constructor(message: string) {
