@@ -29,7 +29,7 @@ import {
 } from "../protocol/device.js";
 import { Acks } from "./acks.js";
 import { ApplyLoop } from "./apply-loop.js";
-import { systemClock, type Clock, type Timer } from "./clock.js";
+import { deviceClock, type Clock, type Timer } from "./clock.js";
 import { MemoryCursorStore, type CursorStore } from "./cursor-store.js";
 import { RecentIds } from "./dedup.js";
 import { JetgateClientError } from "./errors.js";
@@ -57,7 +57,7 @@ export class JetgateClient {
   private readonly urlBase = Math.floor(Math.random() * 1024);
   readonly stats: ClientStats = newStats();
   private stateValue: ClientState = { type: "idle" };
-  private readonly clock: Clock = systemClock;
+  private readonly clock: Clock;
   private readonly store: CursorStore;
   private readonly WS: WebSocketFactory;
   private readonly listeners = new Set<(e: ClientEvent) => void>();
@@ -79,6 +79,7 @@ export class JetgateClient {
   private saveChain: Promise<void> = Promise.resolve();
 
   constructor(private readonly opts: ClientOptions) {
+    this.clock = opts.clock ?? deviceClock;
     this.store = opts.store ?? new MemoryCursorStore();
     const ws = opts.WebSocket ?? (globalThis as { WebSocket?: WebSocketFactory }).WebSocket;
     if (ws === undefined) throw new JetgateClientError("NO_WEBSOCKET", "no WebSocket implementation: pass options.WebSocket (e.g. from the ws package)");
@@ -176,7 +177,7 @@ export class JetgateClient {
     // The entry in the app's hands finishes first: the AUTH cursor must be where applying stopped.
     await this.loop.idle();
     const timeoutMs = this.opts.connectTimeoutMs ?? 10_000;
-    const started = this.clock.now();
+    const started = this.clock.monotonic();
     const token = await this.appToken(timeoutMs);
     // The app may have closed while the token was fetched.
     if ((this.stateValue as ClientState).type === "closed") return;
@@ -185,7 +186,7 @@ export class JetgateClient {
       return;
     }
     this.sessionToken = token;
-    this.open(token, Math.max(0, timeoutMs - (this.clock.now() - started)));
+    this.open(token, Math.max(0, timeoutMs - (this.clock.monotonic() - started)));
   }
 
   /**

@@ -1,25 +1,13 @@
-/** Time as the SDK uses it: behind an interface, so tests can drive the heartbeat and the timers by hand. */
+/** Time as the SDK uses it: protocol/clock.ts's Clock, so tests can drive the heartbeat and the timers by hand. */
+import { globalClock, type Clock, type TimerHandle } from "../protocol/device.js";
 
-export type Timer = ReturnType<typeof setTimeout>;
+export { sleep, type Clock } from "../protocol/device.js";
+export type Timer = TimerHandle;
 
-export interface Clock {
-  now(): number;
-  setTimeout(f: () => void, ms: number): Timer;
-  clearTimeout(t: Timer | undefined): void;
-  setInterval(f: () => void, ms: number): Timer;
-  clearInterval(t: Timer | undefined): void;
-}
-
-/** The global timers, looked up at each call (so node:test's mock timers reach them too). */
-export const systemClock: Clock = {
-  now: () => Date.now(),
-  setTimeout: (f, ms) => setTimeout(f, ms),
-  clearTimeout: (t) => clearTimeout(t),
-  setInterval: (f, ms) => setInterval(f, ms),
-  clearInterval: (t) => clearInterval(t),
-};
-
-/** Resolves after `ms` on `clock`. */
-export function sleep(clock: Clock, ms: number): Promise<void> {
-  return new Promise((resolve) => clock.setTimeout(resolve, ms));
-}
+/**
+ * The SDK's default clock (ClientOptions.clock): the runtime's, with timers that keep a Node app
+ * running, unlike protocol's systemClock: a Node app waiting to reconnect may have nothing else
+ * holding its process up. `now` is the wall clock itself: a phone sleeps, and some browsers stop
+ * `performance.now()` meanwhile, which would put a token's refresh (its `exp` is wall time) late.
+ */
+export const deviceClock: Clock = { ...globalClock({ unrefTimers: false }), now: () => Date.now() };

@@ -27,7 +27,7 @@ export class PingHeartbeat implements Heartbeat {
     this.clock.clearInterval(this.timer);
     const hb = Math.max(1000, hbMs);
     this.timer = this.clock.setInterval(() => {
-      if (this.clock.now() - this.lastHeard > hb * 2 + 5000) {
+      if (this.clock.monotonic() - this.lastHeard > hb * 2 + 5000) {
         this.missed();
         return;
       }
@@ -36,7 +36,7 @@ export class PingHeartbeat implements Heartbeat {
   }
 
   heard(): void {
-    this.lastHeard = this.clock.now();
+    this.lastHeard = this.clock.monotonic();
   }
 
   stop(): void {

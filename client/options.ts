@@ -1,5 +1,5 @@
 /** What the app gives the client: its options, and the WebSocket it runs on. */
-import type { BackoffOptions, Entry, MailboxSeq } from "../protocol/device.js";
+import type { BackoffOptions, Clock, Entry, MailboxSeq } from "../protocol/device.js";
 import type { CursorStore } from "./cursor-store.js";
 
 /** The subset of the WebSocket API the SDK uses; the browser's and `ws`'s both fit. */
@@ -44,4 +44,10 @@ export interface ClientOptions {
    * gateway behind a silent network, or one waiting on its own dependencies, never answers.
    */
   connectTimeoutMs?: number;
+  /**
+   * The time and timers the client runs on (protocol's Clock): the heartbeat, ACK flushes, token
+   * refresh, timeouts and reconnect waits. Default: the runtime's, with timers that keep a Node app
+   * running. Tests pass one they step by hand.
+   */
+  clock?: Clock;
 }

@@ -8,7 +8,7 @@ import type { AddressInfo } from "node:net";
 import { basename } from "node:path";
 import { pino } from "pino";
 import { jetstream, jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
-import { Disconnect, ingressMsgId, ingressSubject, RedisKeys } from "../protocol/index.js";
+import { Disconnect, ingressMsgId, ingressSubject, RedisKeys, systemClock } from "../protocol/index.js";
 import { loadConfig, DependencyHealth, Dispatcher, answerStats, RegistryClient, connectNats, connectRedis, exitOnUnhandledRejection, onShutdownSignal, registryLogging, runAsMain, startOpsHttp, cursorSigner } from "../protocol/io/index.js";
 import { AckStore } from "./session/acks.js";
 import { tokenVerifier } from "./jwt.js";
@@ -52,7 +52,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   // a hash a route makes lives as long as one the worker makes (its watermark TTL)
   const routes = new RouteTable(redis, keys, gatewayId, Math.max(config.JETGATE_STREAM_MAX_AGE_S, config.JETGATE_HOT_CACHE_TTL_S), log);
   const pushSource = new NatsPushSource(nc, gatewayId, log, (n) => metrics.unreadablePushes.inc(n));
-  const sessions = new SessionRegistry<Session>(pushSource, routes, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log);
+  const sessions = new SessionRegistry<Session>(pushSource, routes, registry, metrics, config.JETGATE_RATE_USER_FRAMES_PER_S, log, systemClock);
   routes.onRepaired = (user, head) => sessions.repair(user, head);
   routes.start();
   const presence = new Presence(redis, keys, nc, gatewayId, (k) => sessions.kick(k.user, k.device, k.session));

@@ -4,8 +4,8 @@
  * (test/harness/session-fakes.ts), so every AUTH case runs without a server.
  */
 import type { Logger } from "pino";
-import type { Config, Disconnect, Entry, MailboxSeq, Push, RegistryState } from "../protocol/index.js";
-import { type CursorSigner } from "../protocol/io/index.js";
+import type { Clock, Config, Disconnect, Entry, MailboxSeq, Push, RegistryState } from "../protocol/index.js";
+import type { CursorSigner } from "../protocol/io/index.js";
 import type { ShardBounds } from "./mailbox/auth-decision.js";
 import type { DeviceClaims } from "./jwt.js";
 import type { GatewayMetrics } from "./metrics.js";
@@ -20,16 +20,12 @@ export interface Transport {
   close(d: Disconnect): void;
 }
 
-/** The clock and the one timer a session runs on (gateway/session/clock.ts); tests drive a manual one. */
-export interface TimerPort {
-  now(): number;
-  /**
-   * Calls `fn(arg)` after `ms` (passing `arg` spares a closure per session); never keeps the process
-   * up. A long delay may be called up to a second early (session/coarse-timers.ts): callers check the time.
-   */
-  setTimeout<A>(fn: (arg: A) => void, ms: number, arg: A): unknown;
-  clearTimeout(handle: unknown): void;
-}
+/**
+ * The clock a session runs on (protocol/clock.ts's Clock): the time, and one timer for its deadlines
+ * (gateway/session/clock.ts) that may fire up to a second early for a far delay (the gateway's
+ * wheel: session/coarse-timers.ts), so callers check the time. Tests step a manual one.
+ */
+export type TimerPort = Clock;
 
 export type Source = "cache" | "stream";
 
@@ -96,15 +92,23 @@ export interface RevocationPort {
   revoked(user: string, device: string, iat: number | undefined, now: number): boolean;
 }
 
+/** Who a session is, from its token: known once AUTH's token is verified. */
+export interface Who {
+  readonly user: string;
+  readonly device: string;
+  /** When the AUTH frame arrived (ms): of two sessions of one device, the later AUTH wins. */
+  readonly authAt: number;
+  /** `iat` of the session's token (the last REFRESH's, which sets it), whole seconds; undefined when it has none. */
+  issuedAt: number | undefined;
+}
+
 /** What the hub (the gateway's set of sessions) knows of a session. */
 export interface HubMember {
   readonly id: string;
-  readonly user: string;
-  readonly device: string;
-  readonly shard: number;
-  readonly authAt: number;
-  /** `iat` of the session's token (the last REFRESH's), whole seconds; undefined when it has none. */
-  readonly issuedAt: number | undefined;
+  /** Undefined until AUTH's token was verified: such a session is only counted as a connection. */
+  readonly who: Who | undefined;
+  /** The shard its entries are numbered in, once a decision placed it; undefined before. */
+  readonly shard: number | undefined;
   close(d: Disconnect): void;
   /** Live pushes of this user, in order (those of one batch together). */
   onPushes(pushes: readonly Push[]): void;

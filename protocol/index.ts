@@ -12,6 +12,7 @@
  */
 export { CloseCode, closeReasons, Disconnect, ErrorCode, JetgateError, reconnectPolicy, withReason, type FatalDisconnect } from "./errors.js";
 export { backoffCeiling } from "./backoff.js";
+export { globalClock, sleep, systemClock, type Clock, type TimerHandle } from "./clock.js";
 export { assertSeq, compareSeq, composeSeq, decodeSeq, encodeSeq, MAX_EPOCH, MAX_OFFSET, PUSH_LATENCY_BUCKETS_S, seqEpoch, seqLabel, seqOffset, SeqRangeError, U64_MAX, type MailboxSeq } from "./seq.js";
 export { emptyStageCounts, observeStage, STAGE_BUCKETS_S, stageCountsOf, stageQuantileMs, STAGES, StageTimes, type StageCounts } from "./stages.js";
 export { assertId, ID_PATTERN, idListSchema, idProblem, idSchema, InvalidIdError, MAX_ID_LENGTH, MAX_LANE_LENGTH, type IdKind } from "./ids.js";

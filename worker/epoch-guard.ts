@@ -4,9 +4,8 @@
  * state applied locally), and against the registry's head before anything leaves the process
  * (`confirm`). The takeover checks its own record with `superseded` too.
  */
-import { setTimeout as sleep } from "node:timers/promises";
 import type { Logger } from "pino";
-import { backoffCeiling, type RegistryState, type ShardState } from "../protocol/index.js";
+import { backoffCeiling, sleep, systemClock, type Clock, type RegistryState, type ShardState } from "../protocol/index.js";
 import type { RegistryView } from "./shard-ports.js";
 
 /** Retries of Redis and of the registry while they are away: 100 ms doubling to 2 s. */
@@ -33,13 +32,18 @@ export interface GuardDeps {
   running(): boolean;
   /** The registry shows `newEpoch` (or another owner): the runner stops. */
   fence(newEpoch: number): void;
+  /** The retries' waits and the confirmation's freshness (default: systemClock); tests step a manual one. */
+  clock?: Clock;
 }
 
 export class EpochGuard {
-  /** When (performance.now()) the registry head was last read and still showed this epoch. */
+  /** When (the clock's monotonic time) the registry head was last read and still showed this epoch. */
   private confirmedAt = -Infinity;
+  private readonly clock: Clock;
 
-  constructor(private readonly d: GuardDeps) {}
+  constructor(private readonly d: GuardDeps) {
+    this.clock = d.clock ?? systemClock;
+  }
 
   get epoch(): number {
     return this.d.epoch;
@@ -72,17 +76,17 @@ export class EpochGuard {
    * any other reason, always reads the head again before it pushes.
    */
   async confirm(): Promise<boolean> {
-    if (performance.now() - this.confirmedAt < CONFIRM_FRESH_MS) return this.holds();
+    if (this.clock.monotonic() - this.confirmedAt < CONFIRM_FRESH_MS) return this.holds();
     for (let attempt = 0; ; attempt++) {
       if (!this.holds()) return false;
       try {
-        const asked = performance.now();
+        const asked = this.clock.monotonic();
         await this.d.registry.sync();
         this.confirmedAt = asked;
         return this.holds();
       } catch (err) {
         if (attempt % 10 === 0) this.d.log.warn({ shard: this.d.shard, err: (err as Error).message }, "cannot confirm the epoch; retrying");
-        await sleep(backoffCeiling(attempt, RETRY_BACKOFF));
+        await sleep(this.clock, backoffCeiling(attempt, RETRY_BACKOFF));
       }
     }
   }

@@ -5,7 +5,7 @@
  * test/unit/shard-runner.test.ts to memory.
  */
 import type { Logger } from "pino";
-import type { Config, Push, RegistryRecord, RegistryState } from "../protocol/index.js";
+import type { Clock, Config, Push, RegistryRecord, RegistryState } from "../protocol/index.js";
 import type { ApplyEntryResult, BatchEntry, BatchShared } from "./mailbox-script.js";
 import type { WorkerMetrics } from "./metrics.js";
 
@@ -101,4 +101,6 @@ export interface RunnerDeps {
   log: Logger;
   workerId: string;
   config: RunnerConfig;
+  /** What the epoch guard's waits and freshness run on (default: systemClock); tests step a manual one. */
+  clock?: Clock;
 }

@@ -85,6 +85,7 @@ export class ShardRunner {
         log: d.log,
         running: () => this.stateValue.type === "running" && this.stateValue.epoch === epoch,
         fence: (newEpoch) => this.fence(newEpoch),
+        clock: d.clock,
       });
       this.batches = new ShardBatches({ ...d, shard: this.shard }, guard, taken);
       this.stateValue = { type: "running", epoch };

@@ -8,7 +8,7 @@
  * this gateway register the user again, as does a tail check that finds this gateway missing.
  * Registry changes reach the sessions of the shards they touch.
  */
-import { CloseCode, Disconnect, closeReasons, withReason, type MailboxSeq, type Push, type RegistryState } from "../../protocol/index.js";
+import { CloseCode, Disconnect, closeReasons, systemClock, withReason, type Clock, type MailboxSeq, type Push, type RegistryState, type TimerHandle } from "../../protocol/index.js";
 import { pushVerdict } from "./push-verdict.js";
 import type { GatewayMetrics } from "../metrics.js";
 import type { HubMember, PushSource, RegistryFeed, RoutePort, SessionHub } from "../ports.js";
@@ -54,6 +54,8 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     private readonly metrics: GatewayMetrics,
     private readonly userRate: number,
     private readonly log: { warn(o: object, msg: string): void },
+    /** The hold expiry's and the tail check's intervals, and the times the hub reads; tests pass a manual one. */
+    private readonly clock: Clock = systemClock,
   ) {
     registry.onChange((s) => this.onRegistry(s));
     for (const [id, s] of registry.state.shards) this.shardEpochs.set(id, `${s.epoch}/${s.log}/${s.range.lo}-${s.range.hi}`);
@@ -72,20 +74,22 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
 
   /** An authenticated session: replaces an older one of the same device here, joins the fan-out. */
   add(s: HubMember): void {
-    const key = `${s.user}/${s.device}`;
+    const who = s.who;
+    if (who === undefined) throw new Error(`hub: session ${s.id} added before AUTH's token was verified`);
+    const key = `${who.user}/${who.device}`;
     const older = this.byDevice.get(key);
     if (older !== undefined && older !== s) {
-      if (older.authAt > s.authAt) {
+      if ((older.who?.authAt ?? 0) > who.authAt) {
         s.close(Disconnect.REPLACED);
         return;
       }
       older.close(REPLACED_BY_NEWER);
     }
     this.byDevice.set(key, s);
-    let u = this.users.get(s.user);
+    let u = this.users.get(who.user);
     if (u === undefined) {
       u = { sessions: [], bucket: undefined };
-      this.users.set(s.user, u);
+      this.users.set(who.user, u);
     }
     if (!u.sessions.includes(s)) u.sessions = [...u.sessions, s];
   }
@@ -93,6 +97,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
   /** Tracks the session under its (possibly new) shard for registry changes. */
   watch(s: HubMember): void {
     for (const set of this.byShard.values()) set.delete(s);
+    if (s.shard === undefined) return;
     let set = this.byShard.get(s.shard);
     if (set === undefined) this.byShard.set(s.shard, (set = new Set()));
     set.add(s);
@@ -101,13 +106,15 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
   remove(s: HubMember): void {
     this.all.delete(s as S);
     this.metrics.connections.set(this.all.size);
-    const key = `${s.user}/${s.device}`;
+    if (s.shard !== undefined) this.byShard.get(s.shard)?.delete(s);
+    const who = s.who;
+    if (who === undefined) return;
+    const key = `${who.user}/${who.device}`;
     if (this.byDevice.get(key) === s) this.byDevice.delete(key);
-    this.byShard.get(s.shard)?.delete(s);
-    const u = this.users.get(s.user);
+    const u = this.users.get(who.user);
     if (u === undefined) return;
     u.sessions = u.sessions.filter((x) => x !== s);
-    if (u.sessions.length === 0) this.users.delete(s.user);
+    if (u.sessions.length === 0) this.users.delete(who.user);
   }
 
   /**
@@ -118,8 +125,9 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
   end(user: string, d: Disconnect, opts: { device?: string; issuedBefore?: number } = {}): number {
     let n = 0;
     for (const s of this.users.get(user)?.sessions ?? []) {
-      if (opts.device !== undefined && s.device !== opts.device) continue;
-      if (opts.issuedBefore !== undefined && s.issuedAt !== undefined && s.issuedAt >= opts.issuedBefore) continue;
+      const issuedAt = s.who?.issuedAt;
+      if (opts.device !== undefined && s.who?.device !== opts.device) continue;
+      if (opts.issuedBefore !== undefined && issuedAt !== undefined && issuedAt >= opts.issuedBefore) continue;
       s.close(d);
       n++;
     }
@@ -129,7 +137,9 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
   /** The live sessions of these users here: device and AUTH time of each. */
   present(users: readonly string[]): { user: string; device: string; since: number }[] {
     const out: { user: string; device: string; since: number }[] = [];
-    for (const user of users) for (const s of this.users.get(user)?.sessions ?? []) out.push({ user, device: s.device, since: s.authAt });
+    for (const user of users) {
+      for (const s of this.users.get(user)?.sessions ?? []) if (s.who !== undefined) out.push({ user, device: s.who.device, since: s.who.authAt });
+    }
     return out;
   }
 
@@ -164,7 +174,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
 
   /** One batch from the push source: stale pushes dropped, the rest handed to each user's sessions together. */
   onPushes(batch: readonly Push[], broadcast = false): void {
-    const now = Date.now();
+    const now = this.clock.now();
     let received = 0;
     let strays = 0;
     const byUser = new Map<string, Push[]>();
@@ -208,10 +218,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     }
     this.metrics.heldPushes.inc();
     w.pushes.push({ push, broadcast });
-    if (this.holdTimer === undefined) {
-      this.holdTimer = setInterval(() => this.expireHolds(Date.now()), 1000);
-      this.holdTimer.unref();
-    }
+    this.holdTimer ??= this.clock.setInterval(() => this.expireHolds(this.clock.now()), 1000);
   }
 
   /** Pushes held for a shard whose registry record has arrived go on, in order; the rest wait. */
@@ -240,11 +247,11 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
 
   private stopHoldTimer(): void {
     if (this.waiting.size > 0 || this.holdTimer === undefined) return;
-    clearInterval(this.holdTimer);
+    this.clock.clearInterval(this.holdTimer);
     this.holdTimer = undefined;
   }
 
-  private holdTimer: NodeJS.Timeout | undefined;
+  private holdTimer: TimerHandle | undefined;
 
   /**
    * The user's sessions take the pushes; a live, idle one sends them before this returns. The time
@@ -252,9 +259,9 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
    * for the others); a push that goes through a session's chain counts its own there too.
    */
   private deliver(user: string, pushes: readonly Push[]): void {
-    const t0 = performance.now();
+    const t0 = this.clock.monotonic();
     for (const s of this.users.get(user)?.sessions ?? []) s.onPushes(pushes);
-    this.metrics.stages.observe("gateway_chain", (performance.now() - t0) / 1000, pushes.length);
+    this.metrics.stages.observe("gateway_chain", (this.clock.monotonic() - t0) / 1000, pushes.length);
   }
 
   private onRegistry(state: RegistryState): void {
@@ -287,7 +294,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
     let running = false;
     /** Sessions found behind last tick, and the head they were behind. */
     let behind = new Map<HubMember, MailboxSeq>();
-    this.tailTimer = setInterval(() => {
+    this.tailTimer = this.clock.setInterval(() => {
       if (running) return; // a slow Redis must not stack checks up
       tick++;
       for (const [s, head] of behind) {
@@ -297,7 +304,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
       behind = new Map();
       const users = new Set<string>();
       let i = 0;
-      for (const s of this.all) if (i++ % everyS === tick % everyS && s.tailPosition() !== undefined) users.add(s.user);
+      for (const s of this.all) if (i++ % everyS === tick % everyS && s.tailPosition() !== undefined && s.who !== undefined) users.add(s.who.user);
       if (users.size === 0) return;
       running = true;
       const list = [...users];
@@ -320,14 +327,13 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
         .catch((err: unknown) => this.log.warn({ err: (err as Error).message }, "tail check: no heads from Redis this time"))
         .finally(() => (running = false));
     }, 1000);
-    this.tailTimer.unref();
   }
 
-  private tailTimer: NodeJS.Timeout | undefined;
+  private tailTimer: TimerHandle | undefined;
 
   close(): void {
-    clearInterval(this.tailTimer);
-    clearInterval(this.holdTimer);
+    this.clock.clearInterval(this.tailTimer);
+    this.clock.clearInterval(this.holdTimer);
     this.waiting.clear();
     this.pushes.stop();
     this.users.clear();

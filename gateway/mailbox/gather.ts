@@ -7,7 +7,7 @@
  * never an internal error: the reads are retried for a while, then the device is told to come back
  * (UNAVAILABLE, 4503) rather than dropped with 4500.
  */
-import { JetgateError, backoffCeiling, type RegistryState } from "../../protocol/index.js";
+import { JetgateError, backoffCeiling, sleep, systemClock, type Clock, type RegistryState } from "../../protocol/index.js";
 import { decideAuth, type AuthDecision, type AuthInput, type CursorIn, type ShardBounds } from "./auth-decision.js";
 import { shardsInvolved } from "./positions.js";
 import type { MailboxSource, RegistryView, Watermarks } from "../ports.js";
@@ -57,6 +57,8 @@ export interface GatherOptions {
   retries?: number;
   /** Test-only (JETGATE_FAULT_AUTH_PAUSE_MS): a wait between taking the view and the reads. */
   pauseMs?: number;
+  /** What the waits (the pause, the not-ready backoff) run on (default: systemClock); a session's timers will do. */
+  clock?: Pick<Clock, "setTimeout">;
 }
 
 async function gatherOnce(registry: RegistryView, mailbox: MailboxSource, user: string, cursor: CursorIn | undefined, opts: GatherOptions): Promise<Gathered> {
@@ -64,7 +66,7 @@ async function gatherOnce(registry: RegistryView, mailbox: MailboxSource, user: 
   const view = registry.state;
   const userShard = registry.shards.shardOf(user);
   if (userShard === undefined) throw new Error("no shard owns this user");
-  if (opts.pauseMs !== undefined && opts.pauseMs > 0) await new Promise((r) => setTimeout(r, opts.pauseMs));
+  if (opts.pauseMs !== undefined && opts.pauseMs > 0) await sleep(opts.clock ?? systemClock, opts.pauseMs);
   const fresh = opts.fresh === true;
   const shards = shardsInvolved(view, user, cursor?.shard, userShard);
   const [wm, ...each] = await Promise.all([mailbox.watermarks(userShard, user), ...shards.map((s) => mailbox.bounds(s, { fresh }))]);
@@ -89,7 +91,7 @@ export async function gather(
       if (attempt >= retries || opts.closed?.() === true) {
         throw new UnavailableError(`${err.message}; reconnect later`, RETRY_LATER_MS, { cause: err });
       }
-      await new Promise((r) => setTimeout(r, backoffCeiling(attempt, NOT_READY_BACKOFF)));
+      await sleep(opts.clock ?? systemClock, backoffCeiling(attempt, NOT_READY_BACKOFF));
     }
   }
 }

@@ -19,17 +19,6 @@ export interface DeadlineOwner {
 
 /** Node's longest timeout (about 24.8 days): a later deadline is armed in steps (a longer delay fires at once). */
 export const MAX_DELAY_MS = 2 ** 31 - 1;
-/**
- * Node's timers, and a clock that reads as ms since the epoch but never steps: the process's start
- * on the wall clock plus the monotonic time since, so a wall clock stepped back or forth moves no
- * AUTH deadline or ACK flush (a token's `exp` is compared with it as well).
- */
-export const systemTimers: TimerPort = {
-  now: () => performance.timeOrigin + performance.now(),
-  setTimeout: (fn, ms, arg) => setTimeout(fn, ms, arg).unref(),
-  clearTimeout: (h) => clearTimeout(h as NodeJS.Timeout),
-};
-
 /** The order deadlines due at once are told in. */
 const KINDS: readonly Deadline[] = ["auth", "expiry", "ack"];
 

@@ -6,6 +6,7 @@
  * small object in a Set. The wheel calls a long delay's function at the start of its second, up
  * to a second early; the caller checks the time (SessionClock arms the rest, which is short).
  */
+import type { TimerHandle } from "../../protocol/index.js";
 import type { TimerPort } from "../ports.js";
 
 /** Delays at least this long wait on the wheel. */
@@ -40,8 +41,13 @@ export class CoarseTimers implements TimerPort {
     return this.near.now();
   }
 
-  setTimeout<A>(fn: (arg: A) => void, ms: number, arg: A): unknown {
-    if (ms < WHEEL_AFTER_MS) return this.near.setTimeout(fn, ms, arg);
+  monotonic(): number {
+    return this.near.monotonic();
+  }
+
+  setTimeout<A = undefined>(fn: (arg: A) => void, ms: number, ...rest: undefined extends A ? [arg?: A] : [arg: A]): TimerHandle {
+    const arg = rest[0] as A;
+    if (ms < WHEEL_AFTER_MS) return this.near.setTimeout(fn as (arg: unknown) => void, ms, arg);
     const e = new WheelEntry(fn as (arg: unknown) => void, arg, Math.floor((this.near.now() + ms) / 1000));
     let bucket = this.buckets.get(e.sec);
     if (bucket === undefined) this.buckets.set(e.sec, (bucket = new Set()));
@@ -50,7 +56,16 @@ export class CoarseTimers implements TimerPort {
     return e;
   }
 
-  clearTimeout(handle: unknown): void {
+  /** Intervals are the near clock's (the sessions arm none; the interface has them). */
+  setInterval(fn: () => void, ms: number): TimerHandle {
+    return this.near.setInterval(fn, ms);
+  }
+
+  clearInterval(handle: TimerHandle | undefined): void {
+    this.near.clearInterval(handle);
+  }
+
+  clearTimeout(handle: TimerHandle | undefined): void {
     if (!(handle instanceof WheelEntry)) return this.near.clearTimeout(handle);
     handle.live = false;
     const bucket = this.buckets.get(handle.sec);

@@ -5,13 +5,14 @@
  * integration tests cover those.
  */
 import { pino } from "pino";
-import { type Disconnect, ShardMap, applyRecord, decodeServerFrame, deriveSeq, type Config, type Entry, type MailboxSeq, type Push, type RegistryState, type ServerFrame, type ShardState } from "../../protocol/index.js";
+import { type Disconnect, type TimerHandle, ShardMap, applyRecord, decodeServerFrame, deriveSeq, type Config, type Entry, type MailboxSeq, type Push, type RegistryState, type ServerFrame, type ShardState } from "../../protocol/index.js";
 import { loadConfig, cursorSigner } from "../../protocol/io/index.js";
 import type { ShardBounds } from "../../gateway/mailbox/auth-decision.js";
 import { ShardNotReadyError } from "../../gateway/mailbox/gather.js";
 import { GatewayMetrics } from "../../gateway/metrics.js";
 import type { MailboxSource, PushSource, ReadOptions, RegistryFeed, RegistryView, RoutePort, SessionPorts, Source, TimerPort, Transport, Watermarks } from "../../gateway/ports.js";
 import { Revocations } from "../../gateway/hub/revocations.js";
+import { ManualClock } from "./manual-clock.js";
 import { Session } from "../../gateway/session/session.js";
 import { SessionRegistry } from "../../gateway/hub/sessions.js";
 
@@ -197,53 +198,43 @@ export class MemoryPushSource implements PushSource {
 }
 
 /** Timers a test moves by hand: `advance` runs what falls due, in order, at its own time. */
-export class ManualTimers implements TimerPort {
-  private pending: { at: number; seq: number; run: () => void }[] = [];
-  private seq = 0;
+/**
+ * The sessions' clock in tests: a ManualClock (test/harness/manual-clock.ts) that starts at the
+ * wall clock's now (tokens carry wall times), records every delay asked for, and moves to a time.
+ */
+export class ManualTimers extends ManualClock {
   /** Every delay asked for, in order. */
   readonly delays: number[] = [];
 
-  constructor(private nowMs = Date.now()) {}
+  constructor(nowMs = Date.now()) {
+    super(nowMs);
+  }
 
-  now(): number {
-    return this.nowMs;
-  }
-  setTimeout<A>(fn: (arg: A) => void, ms: number, arg: A): unknown {
+  override setTimeout<A = undefined>(fn: (arg: A) => void, ms: number, ...arg: undefined extends A ? [arg?: A] : [arg: A]): TimerHandle {
     this.delays.push(ms);
-    const t = { at: this.nowMs + ms, seq: ++this.seq, run: () => fn(arg) };
-    this.pending.push(t);
-    return t;
+    return super.setTimeout(fn, ms, ...arg);
   }
-  clearTimeout(handle: unknown): void {
-    this.pending = this.pending.filter((t) => t !== handle);
-  }
+
   /** Timers armed and not yet run. */
   get armed(): number {
-    return this.pending.length;
+    return this.pending;
   }
-  /** Moves the clock `ms` on, running each timer that falls due at its time (ties in the order set). */
-  advance(ms: number): void {
-    const end = this.nowMs + ms;
-    for (;;) {
-      const next = this.pending.filter((t) => t.at <= end).sort((a, b) => a.at - b.at || a.seq - b.seq)[0];
-      if (next === undefined) break;
-      this.pending = this.pending.filter((t) => t !== next);
-      this.nowMs = Math.max(this.nowMs, next.at);
-      next.run();
-    }
-    this.nowMs = end;
-  }
+
   /** Moves the clock to `at` (ms since the epoch). */
   advanceTo(at: number): void {
-    this.advance(Math.max(0, at - this.nowMs));
+    this.advance(Math.max(0, at - this.now()));
   }
 }
+
+/** One turn of the event loop: what a session's promises and the fakes' answers need to move on. */
+export const nextTurn = () => new Promise<void>((r) => setImmediate(r));
 
 /** A socket that records what the session sends; `buffered` can be set to act as a slow device. */
 export class RecordingTransport implements Transport {
   readonly frames: ServerFrame[] = [];
   closed: { code: number; reason: string } | undefined;
   bufferedBytes = 0;
+  /** `until`s waiting for the next frame or the close: woken the moment it comes, not a turn later. */
   private waiters: (() => void)[] = [];
 
   send(bytes: Uint8Array): boolean {
@@ -259,14 +250,16 @@ export class RecordingTransport implements Transport {
     for (const w of this.waiters.splice(0)) w();
   }
 
-  /** Waits (bounded) until `pred` holds over the frames so far. */
-  async until(pred: (frames: ServerFrame[]) => boolean, what: string, ms = 2000): Promise<void> {
-    const end = Date.now() + ms;
-    while (!pred(this.frames)) {
-      if (Date.now() > end) throw new Error(`timed out waiting for ${what}; frames: ${this.frames.map((f) => f.t + ("code" in f ? `:${f.code}` : "")).join(", ")}${this.closed ? `; closed ${this.closed.code}` : ""}`);
+  /**
+   * Lets the session work until `pred` holds over the frames so far, for at most `turns` turns of
+   * the event loop: the fakes answer in promises and turns, so nothing here waits on the wall clock.
+   */
+  async until(pred: (frames: ServerFrame[]) => boolean, what: string, turns = 2000): Promise<void> {
+    for (let i = 0; !pred(this.frames); i++) {
+      if (i >= turns) throw new Error(`still waiting for ${what} after ${turns} turns; frames: ${this.frames.map((f) => f.t + ("code" in f ? `:${f.code}` : "")).join(", ")}${this.closed ? `; closed ${this.closed.code}` : ""}`);
       await new Promise<void>((r) => {
         this.waiters.push(r);
-        setTimeout(r, 20);
+        setImmediate(r);
       });
     }
   }
@@ -297,14 +290,18 @@ export interface SessionRig {
   /** The revocations the sessions check (loaded: empty), and the `iat` of the tokens the fake verifier accepts. */
   revocations: Revocations;
   issued: { at: number | undefined };
-  /** Tokens (any text) the fake verifier takes `delayMs` to accept, for `user`, expiring at `expiresAt`. */
-  tokenPlan: Map<string, { user: string; delayMs: number; expiresAt: number }>;
+  /** Tokens (any text) the fake verifier accepts for `user`, expiring at `expiresAt`, once `until` resolves (a slow check the test releases). */
+  tokenPlan: Map<string, { user: string; until?: Promise<void>; expiresAt: number }>;
   /** A new session on a recording transport. */
   connect(id?: string): { session: Session; t: RecordingTransport };
 }
 
-/** Ports over in-memory fakes; tokens are "<user>" (any other shape, e.g. "bad", is refused). `timers`: the system's unless given. */
-export function sessionRig(shards: ShardState[], env: Record<string, string> = {}, timers?: TimerPort): SessionRig {
+/**
+ * Ports over in-memory fakes; tokens are "<user>" (any other shape, e.g. "bad", is refused). The
+ * sessions' clock is `timers`, a manual one unless given: time moves only when a test moves it.
+ */
+export function sessionRig(shards: ShardState[], env: Record<string, string> = {}, timers: TimerPort = new ManualTimers()): SessionRig {
+  const clock = timers;
   const registry = new FakeRegistry(shards);
   const mailbox = new FakeMailbox(registry);
   const routes = new FakeRoutes();
@@ -327,11 +324,11 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
       verify: async (token) => {
         const planned = tokenPlan.get(token);
         if (planned !== undefined) {
-          await new Promise((r) => setTimeout(r, planned.delayMs));
+          await planned.until;
           return { user: planned.user, device: undefined, expiresAt: planned.expiresAt, issuedAt: issued.at };
         }
         if (!/^[a-z0-9]+$/.test(token)) throw new Error("token refused");
-        return { user: token, device: undefined, expiresAt: Date.now() + 3_600_000, issuedAt: issued.at };
+        return { user: token, device: undefined, expiresAt: clock.now() + 3_600_000, issuedAt: issued.at };
       },
     },
     revocations: { ready: () => revocations.loaded, revoked: (u, d, iat, now) => revocations.revoked(u, d, iat, now) },
@@ -349,7 +346,7 @@ export function sessionRig(shards: ShardState[], env: Record<string, string> = {
         return { duplicate: dup };
       },
     },
-    ...(timers !== undefined ? { timers } : {}),
+    timers: clock,
   };
   let n = 0;
   return {

@@ -21,7 +21,7 @@ const { registry } = await registryRig();
 function member(user: string, at: MailboxSeq): HubMember & { asked: (MailboxSeq | undefined)[] } {
   const asked: (MailboxSeq | undefined)[] = [];
   return {
-    id: `s-${user}`, user, device: "d1", shard: 0, authAt: 1, issuedAt: undefined, asked,
+    id: `s-${user}`, who: { user, device: "d1", authAt: 1, issuedAt: undefined }, shard: 0, asked,
     close: () => undefined,
     onPushes: (_p: readonly Push[]) => undefined,
     catchUpTo: () => undefined,
@@ -65,7 +65,7 @@ test("tail check - a session behind the head it read but caught up by the next t
   let at = 5n;
   const asked: (MailboxSeq | undefined)[] = [];
   const m: HubMember = {
-    id: "s-busy", user: "busy", device: "d1", shard: 0, authAt: 1, issuedAt: undefined,
+    id: "s-busy", who: { user: "busy", device: "d1", authAt: 1, issuedAt: undefined }, shard: 0,
     close: () => undefined, onPushes: () => undefined, onShardChange: () => undefined, catchUpTo: () => undefined,
     tailPosition: () => at,
     fillTail: (head) => void asked.push(head),

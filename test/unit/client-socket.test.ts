@@ -1,6 +1,6 @@
 /**
- * The client on an in-memory socket and a fake clock (node:test's mock timers): connect and AUTH,
- * reconnect and backoff, the heartbeat, the connect timeout, close codes, split stages, gaps,
+ * The client on an in-memory socket and a manual clock (test/harness/manual-clock.ts): connect and
+ * AUTH, reconnect and backoff, the heartbeat, the connect timeout, close codes, split stages, gaps,
  * sends, refresh. Nothing waits on the wall clock; client.test.ts runs the same client over a real
  * socket.
  */
@@ -12,6 +12,7 @@ import {
 import {
   JetgateClient, JetgateClientError, MemoryCursorStore, SessionReplacedError, SignedOutError, type ClientEvent, type ClientOptions, type WebSocketLike,
 } from "../../client/index.js";
+import { ManualClock } from "../harness/manual-clock.js";
 
 const CONNECTING = 0;
 const OPEN = 1;
@@ -84,17 +85,16 @@ const rebased = (to: CursorToken, from: bigint, ranges: ReturnType<typeof range>
 });
 const ids = (es: Entry[]) => es.map((e) => e.id);
 
-/** Lets promise chains (the store, the apply loop) run; setImmediate is not mocked. */
+/** Lets promise chains (the store, the apply loop) run. */
 async function settle(): Promise<void> {
   for (let i = 0; i < 20; i++) await new Promise((r) => setImmediate(r));
 }
 
 /**
- * A started client on fake sockets and mocked timers. Math.random is 0.5: each backoff is half its
+ * A started client on fake sockets and a manual clock. Math.random is 0.5: each backoff is half its
  * ceiling, and a list of URLs starts at index 512 % length.
  */
-async function rig(t: TestContext, opts: Partial<ClientOptions> = {}) {
-  t.mock.timers.enable({ apis: ["setTimeout", "setInterval", "Date"], now: 1_700_000_000_000 });
+async function rig(t: TestContext, opts: Partial<ClientOptions> = {}, clock = new ManualClock(1_700_000_000_000)) {
   t.mock.method(Math, "random", () => 0.5);
   const sockets: FakeSocket[] = [];
   class WS extends FakeSocket {
@@ -106,13 +106,13 @@ async function rig(t: TestContext, opts: Partial<ClientOptions> = {}) {
   const applied: Entry[] = [];
   const events: ClientEvent[] = [];
   const store = new RecordingStore();
-  const client = new JetgateClient({ url: "ws://gw/v1/ws", device: "d1", token: () => "jwt", onEntry: (e) => void applied.push(e), store, WebSocket: WS, ackEvery: { entries: 1, ms: 50 }, ...opts });
+  const client = new JetgateClient({ url: "ws://gw/v1/ws", device: "d1", token: () => "jwt", onEntry: (e) => void applied.push(e), store, WebSocket: WS, ackEvery: { entries: 1, ms: 50 }, clock, ...opts });
   client.on((e) => void events.push(e));
   t.after(() => client.close());
   await client.start();
   await settle();
   const tick = async (ms: number) => {
-    t.mock.timers.tick(ms);
+    clock.advance(ms);
     await settle();
   };
   const last = () => sockets.at(-1)!;
@@ -527,16 +527,17 @@ test("client socket - disconnect() closes with 4000 and reconnects; a frame that
 });
 
 test("client socket - token refresh: REFRESH with a fresh token after three quarters of its life; REFRESH_OK times the next", async (t) => {
-  const jwt = (expInS: number) => `h.${Buffer.from(JSON.stringify({ exp: Math.floor(Date.now() / 1000) + expInS })).toString("base64url")}.s`;
+  const clock = new ManualClock(1_700_000_000_000);
+  const jwt = (expInS: number) => `h.${Buffer.from(JSON.stringify({ exp: Math.floor(clock.now() / 1000) + expInS })).toString("base64url")}.s`;
   let calls = 0;
-  const r = await rig(t, { token: () => (calls++, jwt(60)) });
+  const r = await rig(t, { token: () => (calls++, jwt(60)) }, clock);
   await r.answer(authOk(0n), synced(0n));
   await r.tick(44_999);
   assert.deepEqual(r.last().sent("REFRESH"), []);
   await r.tick(1);
   assert.equal(r.last().sent("REFRESH").length, 1);
   assert.equal(calls, 2);
-  r.last().deliver({ t: "REFRESH_OK", exp: Date.now() + 20_000 });
+  r.last().deliver({ t: "REFRESH_OK", exp: clock.now() + 20_000 });
   await r.tick(15_000);
   assert.equal(r.last().sent("REFRESH").length, 2);
   assert.equal(r.sockets.length, 1, "on the same connection");

@@ -1,59 +1,20 @@
 /**
- * The SDK's timed parts on a fake clock, no socket: the heartbeat, ACKs, token refresh, and the
- * reconnect backoff; and what each close code makes the client do (reconnectPolicy's ranges).
+ * The SDK's timed parts on a manual clock (test/harness/manual-clock.ts), no socket: the heartbeat,
+ * ACKs, token refresh, and the reconnect backoff; and what each close code makes the client do
+ * (reconnectPolicy's ranges).
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { CloseCode, DeviceClose } from "../../protocol/device.js";
-import type { Clock, Timer } from "../../client/clock.js";
 import { PingHeartbeat } from "../../client/heartbeat.js";
 import { Acks } from "../../client/acks.js";
 import { TokenRefresh } from "../../client/token-refresh.js";
 import { Backoff, afterClose } from "../../client/reconnect.js";
 import { JetgateClientError, SessionReplacedError, SignedOutError } from "../../client/errors.js";
-
-/** Time that moves only when the test says: timers fire in order, each at its due time. */
-class FakeClock implements Clock {
-  private t = 0;
-  private nextId = 1;
-  private readonly timers = new Map<number, { at: number; f: () => void; every?: number }>();
-  now(): number {
-    return this.t;
-  }
-  setTimeout(f: () => void, ms: number): Timer {
-    this.timers.set(this.nextId, { at: this.t + ms, f });
-    return this.nextId++ as unknown as Timer;
-  }
-  setInterval(f: () => void, ms: number): Timer {
-    this.timers.set(this.nextId, { at: this.t + ms, f, every: ms });
-    return this.nextId++ as unknown as Timer;
-  }
-  clearTimeout(t: Timer | undefined): void {
-    this.timers.delete(t as unknown as number);
-  }
-  clearInterval(t: Timer | undefined): void {
-    this.timers.delete(t as unknown as number);
-  }
-  get pending(): number {
-    return this.timers.size;
-  }
-  advance(ms: number): void {
-    const end = this.t + ms;
-    for (;;) {
-      const due = [...this.timers].filter(([, x]) => x.at <= end).sort((a, b) => a[1].at - b[1].at || a[0] - b[0])[0];
-      if (due === undefined) break;
-      const [id, timer] = due;
-      this.t = timer.at;
-      if (timer.every !== undefined) timer.at += timer.every;
-      else this.timers.delete(id);
-      timer.f();
-    }
-    this.t = end;
-  }
-}
+import { ManualClock } from "../harness/manual-clock.js";
 
 /** A heartbeat whose pings and misses are logged with the time they happened. */
-function heartbeat(clock: FakeClock) {
+function heartbeat(clock: ManualClock) {
   const log: string[] = [];
   const hb = new PingHeartbeat(clock, () => log.push(`ping ${clock.now()}`), () => {
     log.push(`missed ${clock.now()}`);
@@ -63,7 +24,7 @@ function heartbeat(clock: FakeClock) {
 }
 
 test("client heartbeat - pings every hb while the server is heard; never gives up", () => {
-  const clock = new FakeClock();
+  const clock = new ManualClock();
   const { hb, log } = heartbeat(clock);
   hb.heard();
   hb.start(2000);
@@ -75,7 +36,7 @@ test("client heartbeat - pings every hb while the server is heard; never gives u
 });
 
 test("client heartbeat - nothing heard for more than 2 x hb + 5 s: missed, at the first tick past it, once", () => {
-  const clock = new FakeClock();
+  const clock = new ManualClock();
   const { hb, log } = heartbeat(clock);
   hb.heard();
   hb.start(1000);
@@ -86,7 +47,7 @@ test("client heartbeat - nothing heard for more than 2 x hb + 5 s: missed, at th
 });
 
 test("client heartbeat - an hb under a second pings every second; a new start replaces the old interval; stop ends it", () => {
-  const clock = new FakeClock();
+  const clock = new ManualClock();
   const { hb, log } = heartbeat(clock);
   hb.heard();
   hb.start(200);
@@ -102,7 +63,7 @@ test("client heartbeat - an hb under a second pings every second; a new start re
 });
 
 test("client acks - one ACK per `entries` applied, or after `ms` for fewer; none when nothing is unacked", () => {
-  const clock = new FakeClock();
+  const clock = new ManualClock();
   const sent: number[] = [];
   const acks = new Acks(clock, { entries: 3, ms: 1000 }, () => sent.push(clock.now()));
   acks.count();
@@ -122,7 +83,7 @@ test("client acks - one ACK per `entries` applied, or after `ms` for fewer; none
 });
 
 test("client token refresh - after three quarters of what is left; a failed token() is asked again 5 s later; stop cancels", async () => {
-  const clock = new FakeClock();
+  const clock = new ManualClock();
   const sent: string[] = [];
   let fail = true;
   let calls = 0;

@@ -17,6 +17,7 @@ import {
   JetgateClient, MemoryCursorStore, reconnectDelay, serializeCursor, deserializeCursor, type ClientOptions, type WebSocketFactory,
 } from "../../client/index.js";
 import { FileCursorStore } from "../../client/node.js";
+import { deviceClock } from "../../client/clock.js";
 import { sleep, waitFor } from "../harness/wait.js";
 
 /** A scripted gateway: a real WebSocket server whose answers each test writes. */
@@ -425,6 +426,8 @@ test("client - closes with the device's own close codes (DeviceClose)", async ()
 
 test("client - a silent gateway: HEARTBEAT_MISSED after 2 x hb + 5 s, and it reconnects at once, not after the dead socket's close handshake", { timeout: 15_000 }, async (t) => {
   t.mock.timers.enable({ apis: ["setInterval", "Date"], now: Date.now() });
+  // the heartbeat times silence on the monotonic clock, which mock timers do not reach: the mocked Date stands in
+  const clock = { ...deviceClock, monotonic: () => Date.now() };
   const { g, client } = await rig((c, n) => {
     c.on((f) => {
       if (f.t !== "AUTH") return;
@@ -433,7 +436,7 @@ test("client - a silent gateway: HEARTBEAT_MISSED after 2 x hb + 5 s, and it rec
       // (`ws` would wait 30 s for one)
       if (n === 0) setTimeout(() => (c.ws as unknown as { _socket: { pause(): void } })._socket.pause(), 50);
     });
-  });
+  }, { clock });
   const events: { code: number; reason: string }[] = [];
   client.on((e) => e.type === "closed" && events.push({ code: e.code, reason: e.reason }));
   await waitFor("AUTH_OK applied", () => client.state.type === "live");

@@ -1,11 +1,25 @@
 /** The gateway's session timers: near delays on Node timers, far ones on one wheel (gateway/session/coarse-timers.ts). */
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import type { Clock } from "../../protocol/index.js";
 import { CoarseTimers, WHEEL_AFTER_MS } from "../../gateway/session/coarse-timers.js";
 import { SessionClock, type Deadline } from "../../gateway/session/clock.js";
 import { ManualTimers } from "../harness/session-fakes.js";
 
 const T0 = 1_700_000_000_250; // not on a whole second
+
+
+/** A clock that does what `c` does, for a test to change one of its methods. */
+function delegate(c: Clock): Clock {
+  return {
+    now: () => c.now(),
+    monotonic: () => c.monotonic(),
+    setTimeout: c.setTimeout.bind(c) as Clock["setTimeout"],
+    clearTimeout: (h) => c.clearTimeout(h),
+    setInterval: (f, ms) => c.setInterval(f, ms),
+    clearInterval: (h) => c.clearInterval(h),
+  };
+}
 
 test("coarse timers - a near delay is a timer of its own; far ones wait on one wheel, called at the start of their second", () => {
   const near = new ManualTimers(T0);
@@ -91,7 +105,7 @@ test("coarse timers - an entry cleared by one called before it in the same turn 
 test("coarse timers - a clock that jumps an hour on (a process paused) and back calls everything due, once, in time order", () => {
   const near = new ManualTimers(T0);
   let jump = 0;
-  const jumpy = { now: () => near.now() + jump, setTimeout: near.setTimeout.bind(near), clearTimeout: near.clearTimeout.bind(near) };
+  const jumpy: Clock = { ...delegate(near), now: () => near.now() + jump };
   const wheel = new CoarseTimers(jumpy);
   const calls: number[] = [];
   for (const [i, ms] of [120_000, 180_000, 7_200_000].entries()) wheel.setTimeout(() => void calls.push(i), ms, undefined);

@@ -17,7 +17,7 @@ function member(user: string, device: string, opts: { id?: string; authAt?: numb
   const got: string[] = [];
   const closed: Disconnect[] = [];
   const m: HubMember = {
-    id: opts.id ?? `${user}-${device}-${opts.authAt ?? 1}`, user, device, shard: 0, authAt: opts.authAt ?? 1, issuedAt: opts.issuedAt,
+    id: opts.id ?? `${user}-${device}-${opts.authAt ?? 1}`, who: { user, device, authAt: opts.authAt ?? 1, issuedAt: opts.issuedAt }, shard: 0,
     close: (d) => void closed.push(d),
     onPushes: (p) => void got.push(...p.map((x) => x.entry.id)),
     onShardChange: () => undefined,
@@ -161,7 +161,7 @@ test("hub decisions - a backend's disconnect: which sessions end, with the Disco
     for (const x of sessions) join(x);
     const n = hub.end("ann", SIGNED_OUT, row.opts);
     assert.equal(n, row.ended.length, row.name);
-    assert.deepEqual(sessions.filter((x) => x.closed.length > 0).map((x) => x.m.device), row.ended, row.name);
+    assert.deepEqual(sessions.filter((x) => x.closed.length > 0).map((x) => x.m.who?.device), row.ended, row.name);
     for (const x of sessions) if (x.closed.length > 0) assert.deepEqual(x.closed, [SIGNED_OUT], `${row.name}: told as given`);
     hub.close();
   }

@@ -1,7 +1,8 @@
 /** A session's one timer (SessionClock): its deadlines told at their time, in order, on one armed timeout. */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { MAX_DELAY_MS, SessionClock, systemTimers, type Deadline } from "../../gateway/session/clock.js";
+import { systemClock } from "../../protocol/index.js";
+import { MAX_DELAY_MS, SessionClock, type Deadline } from "../../gateway/session/clock.js";
 import type { TimerPort } from "../../gateway/ports.js";
 import { ManualTimers } from "../harness/session-fakes.js";
 
@@ -110,8 +111,11 @@ test("session clock - a timer that fires before the deadline (the wall clock a m
   let behind = 0;
   const skewed: TimerPort = {
     now: () => timers.now() - behind,
-    setTimeout: (fn, ms, arg) => timers.setTimeout(fn, ms, arg),
+    monotonic: () => timers.monotonic(),
+    setTimeout: timers.setTimeout.bind(timers) as TimerPort["setTimeout"],
     clearTimeout: (h) => timers.clearTimeout(h),
+    setInterval: (f, ms) => timers.setInterval(f, ms),
+    clearInterval: (h) => timers.clearInterval(h),
   };
   const told: [Deadline, number][] = [];
   const clock = new SessionClock({ onDeadline: (k) => void told.push([k, skewed.now() - T0]) }, skewed);
@@ -129,7 +133,7 @@ test("session clock - on the system's timers (node:test's mock timers): told at 
   // the system clock is monotonic (performance.now), which mock timers leave alone: follow the mocked time
   t.mock.method(performance, "now", () => Date.now() - performance.timeOrigin);
   const told: Deadline[] = [];
-  const clock = new SessionClock({ onDeadline: (k) => void told.push(k) }, systemTimers);
+  const clock = new SessionClock({ onDeadline: (k) => void told.push(k) }, systemClock);
   clock.set("auth", T0 + 600);
   clock.set("expiry", T0 + 1500);
   t.mock.timers.tick(599);
@@ -142,9 +146,9 @@ test("session clock - on the system's timers (node:test's mock timers): told at 
 });
 
 test("session clock - the system's clock never steps: a wall clock set back an hour moves no deadline", (t) => {
-  const before = systemTimers.now();
+  const before = systemClock.now();
   assert.ok(Math.abs(before - Date.now()) < 1000, "it reads as ms since the epoch");
   t.mock.timers.enable({ apis: ["Date"], now: Date.now() - 3_600_000 });
-  const after = systemTimers.now();
+  const after = systemClock.now();
   assert.ok(after >= before && after - before < 1000, `${after - before} ms: not an hour back`);
 });

@@ -11,10 +11,30 @@ import { JetStreamError } from "@nats-io/jetstream";
 import { UnavailableError } from "../../gateway/mailbox/gather.js";
 import { streamCallError } from "../../gateway/mailbox/reader.js";
 import type { Session } from "../../gateway/session/session.js";
-import { CURSOR_KEY, ManualTimers, sessionRig, type RecordingTransport, type SessionRig } from "../harness/session-fakes.js";
+import { CURSOR_KEY, ManualTimers, nextTurn, sessionRig, type RecordingTransport, type SessionRig } from "../harness/session-fakes.js";
 
 const U = "alice"; // userHash("alice") = 0x2bd806c9: shard 0 of 2
 const signer = cursorSigner([CURSOR_KEY]);
+
+/** Turns of the event loop (never the wall clock) until `done`, at most `max`: the session's chain runs on promises. */
+async function turnsUntil(done: () => boolean, max = 500): Promise<void> {
+  for (let i = 0; i < max && !done(); i++) await nextTurn();
+}
+
+/** Steps the rig's manual clock `ms` at a time, letting the session work between steps, until `done` (at most `max` steps). */
+async function stepUntil(r: SessionRig, done: () => boolean, ms = 100, max = 300): Promise<void> {
+  const clock = r.ports.timers;
+  if (!(clock instanceof ManualTimers)) throw new Error("stepUntil needs the rig's manual clock");
+  for (let i = 0; i < max && !done(); i++) {
+    clock.advance(ms);
+    await turns(5);
+  }
+}
+
+/** `n` turns of the event loop: what a step the session queued needs to run, when nothing shows that it did. */
+async function turns(n = 50): Promise<void> {
+  for (let i = 0; i < n; i++) await nextTurn();
+}
 
 function rig(env: Record<string, string> = {}, timers?: ManualTimers): SessionRig {
   return sessionRig(initialShards(2, ["logA", "logZ"]), env, timers);
@@ -226,8 +246,8 @@ test("session - a fenced worker's push (an epoch below the registry's) is droppe
   r.mailbox.append(0, U);
   const { s, t } = await auth(r);
   r.registry.apply([bumpEpoch(shard(r, 0), { cause: "takeover", start_offset: 2 })]);
-  for (let i = 0; i < 100 && (s.epoch !== 1 || s.tailPosition() === undefined); i++) await new Promise((res) => setTimeout(res, 2));
-  assert.equal(s.epoch, 1, "rebased onto epoch 1");
+  await turnsUntil(() => s.where?.epoch === 1 && s.tailPosition() !== undefined);
+  assert.equal(s.where?.epoch, 1, "rebased onto epoch 1");
   const known = s.tailPosition()!;
   const zombie: Push = {
     user: U, shard: 0, epoch: 0, prevAll: known,
@@ -258,14 +278,14 @@ test("session - a lost last push (no later entry): the tail check's fill sends i
   r.mailbox.append(0, U);
   const { s, t } = await auth(r);
   const settled = async () => {
-    for (let i = 0; i < 50 && s.tailPosition() === undefined; i++) await new Promise((res) => setTimeout(res, 2)); // its chain's step ends
+    await turnsUntil(() => s.tailPosition() !== undefined); // its chain's step ends
     return s.tailPosition();
   };
   const known = await settled();
   assert.ok(known !== undefined && known > 0n, "a live, idle session has a tail position");
   const before = t.liveSeqs();
   s.fillTail(known + 1n); // a head read a moment ago; the mailbox says the session is up to date: nothing sent
-  await new Promise((res) => setTimeout(res, 20));
+  await turns();
   assert.deepEqual(t.liveSeqs(), before);
   const lost = r.mailbox.appendPush(0, U); // stored, its push never arrives
   assert.equal(s.tailPosition(), known, "the session does not know of it");
@@ -281,7 +301,7 @@ test("session - a tail check with no head in Redis (the user's hash vanished) as
   r.mailbox.append(0, U);
   const { s, t } = await auth(r);
   const settled = async () => {
-    for (let i = 0; i < 50 && s.tailPosition() === undefined; i++) await new Promise((res) => setTimeout(res, 2));
+    await turnsUntil(() => s.tailPosition() !== undefined);
     return s.tailPosition();
   };
   await settled();
@@ -293,7 +313,7 @@ test("session - a tail check with no head in Redis (the user's hash vanished) as
   await settled();
   s.fillTail(undefined);
   s.fillTail(undefined);
-  await new Promise((res) => setTimeout(res, 20));
+  await turns();
   assert.equal(r.mailbox.watermarkCalls, asked + 2, "asked once more at the new position, then not again");
   assert.equal(t.liveSeqs().filter((x) => x === lost.entry.seq).length, 1);
 });
@@ -376,7 +396,9 @@ test("session - a registry ahead of the streams (a split's child not answering y
   const { s, t } = await auth(r);
   r.mailbox.notReady.set(2, 3);
   splitForAlice(r, 0, 2);
-  await t.until(() => t.of("ERROR").some((e) => e.code === ErrorCode.CURSOR_REBASED), "the rebase", 5000);
+  // the child's stream answers after three not-ready reads, each after a backoff on the session's clock
+  await stepUntil(r, () => t.of("ERROR").some((e) => e.code === ErrorCode.CURSOR_REBASED));
+  assert.ok(t.of("ERROR").some((e) => e.code === ErrorCode.CURSOR_REBASED), "CURSOR_REBASED");
   assert.equal(t.closed, undefined);
   assert.equal(s.shard, 2);
   // never ready: the device is told to come back (UNAVAILABLE, 4503), not an internal error
@@ -384,7 +406,8 @@ test("session - a registry ahead of the streams (a split's child not answering y
   r2.mailbox.notReady.set(0, 1_000);
   const { session, t: t2 } = r2.connect();
   frame(session, { t: "AUTH", v: 1, token: U, device: "d1" });
-  await t2.until(() => t2.closed !== undefined, "the close", 15_000);
+  await stepUntil(r2, () => t2.closed !== undefined);
+  assert.notEqual(t2.closed, undefined, "closed");
   assert.deepEqual([t2.closed!.code, t2.of("ERROR")[0]!.code, typeof t2.of("ERROR")[0]!.retry_ms], [CloseCode.UNAVAILABLE, ErrorCode.UNAVAILABLE, "number"]);
 });
 
@@ -428,7 +451,7 @@ test("session - a batch of pushes that follow each other goes out as one MSGS fr
   const r = rig();
   r.mailbox.append(0, U);
   const { s, t } = await auth(r);
-  for (let i = 0; i < 50 && s.tailPosition() === undefined; i++) await new Promise((res) => setTimeout(res, 2));
+  await turnsUntil(() => s.tailPosition() !== undefined);
   const msgsBefore = t.of("MSGS").length;
   const batch = [r.mailbox.appendPush(0, U), r.mailbox.appendPush(0, U), r.mailbox.appendPush(0, U)];
   s.onPushes(batch);
@@ -449,7 +472,7 @@ test("session - sessions of one user that send a whole batch send the same bytes
   const two = r.connect();
   frame(two.session, { t: "AUTH", v: 1, token: U, device: "d2" });
   await two.t.until((f) => f.some((x) => x.t === "SYNCED"), "SYNCED");
-  for (const s of [one.s, two.session]) for (let i = 0; i < 50 && s.tailPosition() === undefined; i++) await new Promise((res) => setTimeout(res, 2));
+  for (const s of [one.s, two.session]) await turnsUntil(() => s.tailPosition() !== undefined);
   const sent: Uint8Array[][] = [[], []];
   const orig = [one.t, two.t].map((t) => t.send.bind(t));
   one.t.send = (b) => (sent[0]!.push(b), orig[0]!(b));
@@ -479,22 +502,22 @@ test("session - a route registered again (Redis had lost it): what the session m
   const r = rig();
   r.mailbox.append(0, U);
   const { s, t } = await auth(r);
-  for (let i = 0; i < 50 && s.tailPosition() === undefined; i++) await new Promise((res) => setTimeout(res, 2));
+  await turnsUntil(() => s.tailPosition() !== undefined);
   const missed = [r.mailbox.appendPush(0, U), r.mailbox.appendPush(0, U)]; // routed nowhere: Redis had lost the route
   s.catchUpTo(missed[1]!.entry.seq);
   await t.until(() => t.liveSeqs().includes(missed[1]!.entry.seq), "the missed entries");
   assert.deepEqual(t.liveSeqs().slice(-2), missed.map((p) => p.entry.seq));
   const before = t.liveSeqs().length;
   s.catchUpTo(missed[1]!.entry.seq); // nothing below that head is missing any more: nothing read
-  await new Promise((res) => setTimeout(res, 20));
+  await turns();
   assert.equal(t.liveSeqs().length, before);
 });
 
 test("session - token expiry: open until its token's time, then closed 4401 by its clock; a REFRESH moves it", async () => {
   const timers = new ManualTimers();
   const r = rig({}, timers);
-  // the fake verifier's tokens expire an hour from AUTH
-  const expiry = Date.now() + 3_600_000;
+  // the fake verifier's tokens expire an hour from AUTH, on the sessions' clock
+  const expiry = timers.now() + 3_600_000;
   const { s, t } = await auth(r);
   timers.advance(1);
   assert.equal(t.closed, undefined);
@@ -519,7 +542,7 @@ test("session - AUTH timeout: no AUTH within JETGATE_AUTH_TIMEOUT_MS closes 4401
   assert.deepEqual(silent.t.closed, { code: 4401, reason: "auth timeout" });
   assert.equal(outcomes(await r.ports.metrics.authOutcomes.get(), "timeout"), 1);
   // still authenticating at the deadline (a slow token check): closed as well
-  r.tokenPlan.set("slow.token", { user: U, delayMs: 60, expiresAt: Date.now() + 3_600_000 });
+  r.tokenPlan.set("slow.token", { user: U, until: new Promise<void>(() => undefined), expiresAt: Date.now() + 3_600_000 });
   const slow = r.connect();
   frame(slow.session, { t: "AUTH", v: 1, token: "slow.token", device: "d1" });
   timers.advance(2000);
@@ -585,10 +608,14 @@ test("session - two REFRESH frames take effect in the order they were sent, howe
   const { s, t } = await auth(r);
   const now = Date.now();
   // the first takes longer to verify than the second
-  r.tokenPlan.set("first.token", { user: U, delayMs: 80, expiresAt: now + 2 * 3_600_000 });
-  r.tokenPlan.set("second.token", { user: U, delayMs: 0, expiresAt: now + 3 * 3_600_000 });
+  let releaseFirst = () => undefined as void;
+  r.tokenPlan.set("first.token", { user: U, until: new Promise<void>((res) => (releaseFirst = res)), expiresAt: now + 2 * 3_600_000 });
+  r.tokenPlan.set("second.token", { user: U, expiresAt: now + 3 * 3_600_000 });
   frame(s, { t: "REFRESH", id: 1, token: "first.token" });
   frame(s, { t: "REFRESH", id: 2, token: "second.token" });
+  await turns(); // the second token is checked by now; the first is not
+  assert.equal(t.of("REFRESH_OK").length, 0, "the second waits for the first");
+  releaseFirst();
   await t.until((f) => f.filter((x) => x.t === "REFRESH_OK").length === 2, "both REFRESH_OK");
   assert.deepEqual(t.of("REFRESH_OK").map((x) => x.id), [1, 2], "answered in order");
   timers.advanceTo(now + 2 * 3_600_000 + 1);
@@ -614,7 +641,7 @@ test("session - SEND: each publish starts at once, and the answers go out in the
   frame(s, { t: "SEND", id: 3, cmid: "c3", b: new Uint8Array(r.ports.config.JETGATE_MAX_BODY_BYTES + 1) });
   assert.deepEqual(started, ["c1", "c2"], "both published at once (the third is refused: too large)");
   acks.get("c2")!(true);
-  await new Promise((res) => setTimeout(res, 10));
+  await turns();
   assert.deepEqual(t.frames.filter((f) => f.t === "SEND_OK" || f.t === "ERROR").length, 0, "the second's answer waits for the first's");
   acks.get("c1")!(false);
   await t.until((f) => f.filter((x) => x.t === "SEND_OK" || x.t === "ERROR").length === 3, "three answers");
@@ -627,7 +654,7 @@ test("session - a read queued before a rebuild's rebase, done on the new view: i
   r.mailbox.append(0, U);
   const { s, t } = await auth(r);
   r.mailbox.append(0, U); // its push was lost: the tail check finds it
-  await new Promise((res) => setTimeout(res, 20)); // the AUTH step has left the chain
+  await turnsUntil(() => s.tailPosition() !== undefined); // the AUTH step has left the chain
   assert.notEqual(s.tailPosition(), undefined, "live and idle");
   s.fillTail(undefined);
   // the rebuild lands before the queued read runs; the rebase is queued behind the read

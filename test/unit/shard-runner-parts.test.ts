@@ -7,6 +7,7 @@ import { EMPTY_REGISTRY, applyRecord, bumpEpoch, initialShards, registryRecord, 
 import { BatchQueue, pump } from "../../worker/shard-pump.js";
 import { EpochGuard, superseded } from "../../worker/epoch-guard.js";
 import type { DeliveredMsg, RegistryView } from "../../worker/shard-ports.js";
+import { ManualClock } from "../harness/manual-clock.js";
 
 /** An async source the test feeds; counts how many items the reader has pulled. */
 function source<T>() {
@@ -46,7 +47,10 @@ function source<T>() {
   };
 }
 
-const settle = () => new Promise((r) => setTimeout(r, 5));
+/** A few turns of the event loop: the pump's reader and processor move on promises, not on time. */
+const settle = async () => {
+  for (let i = 0; i < 20; i++) await new Promise((r) => setImmediate(r));
+};
 
 test("batch queue - takes what is queued up to a batch, never waits to fill one, and the reader pauses at the limit", async () => {
   const src = source<number>();
@@ -186,17 +190,30 @@ class Registry implements RegistryView {
 
 function guarded(s: ShardState) {
   const registry = new Registry(s);
+  const clock = new ManualClock();
   const fences: number[] = [];
   let running = true;
   const guard = new EpochGuard({
-    shard: 0, epoch: s.epoch, workerId: "w1", registry, log: pino({ level: "silent" }),
+    shard: 0, epoch: s.epoch, workerId: "w1", registry, log: pino({ level: "silent" }), clock,
     running: () => running,
     fence: (e) => {
       fences.push(e);
       running = false;
     },
   });
-  return { registry, guard, fences, stop: () => (running = false) };
+  return { registry, clock, guard, fences, stop: () => (running = false) };
+}
+
+/** Awaits `p`, stepping `clock` 100 ms at a time while it waits (a retry's backoff runs on the clock). */
+async function stepping<T>(clock: ManualClock, p: Promise<T>): Promise<T> {
+  let done = false;
+  p.then(() => (done = true), () => (done = true));
+  for (let i = 0; i < 100; i++) {
+    await settle();
+    if (done) break;
+    clock.advance(100);
+  }
+  return p;
 }
 
 const [s0] = initialShards(1, ["logA"]) as [ShardState];
@@ -226,15 +243,18 @@ test("epoch guard - holds until the registry shows a newer epoch, and fences onc
 test("epoch guard - confirm reads the head, retries while it cannot, and a fresh confirmation stands for 50 ms", async () => {
   const g = guarded(mine);
   g.registry.failSyncs = 2;
-  assert.equal(await g.guard.confirm(), true, "confirmed after two failed reads");
+  const started = g.clock.monotonic();
+  assert.equal(await stepping(g.clock, g.guard.confirm()), true, "confirmed after two failed reads");
   assert.equal(g.registry.syncs, 3);
+  assert.equal(g.clock.monotonic() - started, 300, "after waiting 100 ms, then 200 ms");
   // a newer epoch on the head only, within 50 ms of the confirmation: not read (today's trade-off)
   g.registry.remote = bumpEpoch(mine, { cause: "takeover", start_offset: 1, owner: null });
-  const fresh = await g.guard.confirm();
-  // (a machine too slow to come back within 50 ms reads the head: then it is fenced already)
-  assert.equal(fresh, g.registry.syncs === 3, "a fresh confirmation stands, without a read");
-  await new Promise((r) => setTimeout(r, 60));
-  assert.equal(await g.guard.confirm(), false, "past 50 ms the head is read again: fenced");
+  g.clock.advance(49);
+  assert.equal(await g.guard.confirm(), true, "a fresh confirmation stands, without a read");
+  assert.equal(g.registry.syncs, 3);
+  g.clock.advance(1);
+  assert.equal(await g.guard.confirm(), false, "at 50 ms the head is read again: fenced");
+  assert.equal(g.registry.syncs, 4);
   assert.deepEqual(g.fences, [1]);
 });
 

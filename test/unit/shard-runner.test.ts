@@ -28,6 +28,7 @@ import {
 } from "../../protocol/index.js";
 import type { ApplyEntryResult, BatchEntry, BatchShared } from "../../worker/mailbox-script.js";
 import { WorkerMetrics } from "../../worker/metrics.js";
+import { ManualClock } from "../harness/manual-clock.js";
 import type { DeliveredMsg, Deliveries, LogMsg, MailboxStore, PushSink, RegistryView, ShardLog } from "../../worker/shard-ports.js";
 import type { RunnerConfig } from "../../worker/shard-ports.js";
 import { ShardRunner } from "../../worker/shard-runner.js";
@@ -290,21 +291,23 @@ interface Rig {
   runner: ShardRunner;
 }
 
-/** `batch`: JETGATE_WORKER_BATCH; 1 makes every batch one delivery, whatever the timing. */
-function rig(opts: { registry?: MemRegistry; log?: MemLog; worker?: string; batch?: number } = {}): Rig {
+/**
+ * `batch`: JETGATE_WORKER_BATCH; 1 makes every batch one delivery, whatever the timing. `clock`: the
+ * epoch guard's (default: the system's).
+ */
+function rig(opts: { registry?: MemRegistry; log?: MemLog; worker?: string; batch?: number; clock?: ManualClock } = {}): Rig {
   const registry = opts.registry ?? new MemRegistry(initialShards(1, [LOG]));
   const log = opts.log ?? new MemLog();
   const store = new MemStore();
   const pushes = new MemPushes();
   const metrics = new WorkerMetrics();
   const runner = new ShardRunner(SHARD, {
-    shardLog: log, mailboxes: store, pushes, registry, metrics, log: pino({ level: "silent" }), workerId: opts.worker ?? "w1", config: { ...CONFIG, JETGATE_WORKER_BATCH: opts.batch ?? CONFIG.JETGATE_WORKER_BATCH },
+    shardLog: log, mailboxes: store, pushes, registry, metrics, log: pino({ level: "silent" }), workerId: opts.worker ?? "w1", config: { ...CONFIG, JETGATE_WORKER_BATCH: opts.batch ?? CONFIG.JETGATE_WORKER_BATCH }, clock: opts.clock,
   });
   return { registry, log, store, pushes, metrics, runner };
 }
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
+/** Polls `probe` until it gives a value: the runner's Redis retries wait on real timers (worker/shard-batch.ts). */
 async function until<T>(what: string, probe: () => T | undefined | false, timeoutMs = 3000): Promise<T> {
   const end = Date.now() + timeoutMs;
   for (;;) {
@@ -446,7 +449,8 @@ test("shard runner - a fence between the Redis step and the push: nothing of the
   ];
   for (const c of cases) {
     await t.test(c.name, async () => {
-      const r = rig({ batch: 1 });
+      const clock = new ManualClock();
+      const r = rig({ batch: 1, clock });
       r.log.append("ann", "m1");
       r.log.append("bob", "m2");
       await r.runner.start();
@@ -454,7 +458,7 @@ test("shard runner - a fence between the Redis step and the push: nothing of the
       await until("the first batch done", () => r.runner.offset === 1);
       // past the 50 ms a confirmation of the head stands for (within it, a push under the old epoch
       // may slip out: docs/registry-and-worker.md, "A batch", step 3)
-      await sleep(60);
+      clock.advance(50);
       r.store.during = () => c.fence(r);
       r.log.append("cy", "m3");
       r.log.deliver(2, 3);
@@ -481,13 +485,14 @@ test("shard runner - batches overlap: the next Redis step runs while the last ba
   ];
   for (const c of cases) {
     await t.test(c.name, async () => {
-      const r = rig({ batch: 1 });
+      const clock = new ManualClock();
+      const r = rig({ batch: 1, clock });
       for (let i = 1; i <= 3; i++) r.log.append(`u${i}`, `m${i}`);
       await r.runner.start();
       r.log.deliver(1);
       await until("the first batch done", () => r.runner.offset === 1);
       // past the 50 ms a confirmation stands for: the next batch reads the head
-      await sleep(60);
+      clock.advance(50);
       let answer!: () => void;
       r.registry.syncGate = new Promise<void>((resolve) => (answer = resolve));
       if (c.fenceAtHead) r.registry.writeRemote(operatorBump(r.registry.shard(), 2));
