@@ -9,15 +9,17 @@
  * while this one's confirmation, pushes and ack are in flight (worker/shard-pump.ts). The decisions
  * are pure (worker/batch-step.ts); this does the I/O between them, through the ports.
  */
-import { setTimeout as sleep } from "node:timers/promises";
 import {
   backoffCeiling,
   composeSeq,
+  sleep,
+  systemClock,
   decodeStoredEntry,
   deriveSeq,
   entryOwner,
   entrySubject,
   parseEntrySubject,
+  type Clock,
   type ShardState,
 } from "../protocol/index.js";
 import { writeRefusal } from "../protocol/io/index.js";
@@ -43,7 +45,7 @@ export interface Prepared {
   items: Item[];
   forwards: LogMsg[];
   results: ApplyEntryResult[];
-  /** performance.now() when the Redis step answered. */
+  /** The clock's monotonic time when the Redis step answered. */
   redisDone: number;
 }
 
@@ -60,6 +62,8 @@ export class ShardBatches {
   private lastSeq: bigint;
   private readonly label: { shard: string };
   private readonly settings: Omit<BatchShared, "shard" | "log">;
+  /** The stage times, the push latency and the Redis retries' waits run on it (RunnerDeps.clock). */
+  private readonly clock: Clock;
 
   constructor(
     private readonly d: BatchDeps,
@@ -67,6 +71,7 @@ export class ShardBatches {
     private readonly start: EpochStart,
   ) {
     this.label = { shard: String(d.shard) };
+    this.clock = d.clock ?? systemClock;
     const c = d.config;
     this.settings = {
       dedupTtlS: c.JETGATE_DEDUP_TTL_S > 0 ? c.JETGATE_DEDUP_TTL_S : c.JETGATE_STREAM_MAX_AGE_S,
@@ -102,7 +107,7 @@ export class ShardBatches {
    */
   async prepare(batch: readonly DeliveredMsg[]): Promise<Prepared | undefined> {
     if (!this.guard.holds()) return undefined;
-    const t0 = performance.now();
+    const t0 = this.clock.monotonic();
     this.fetchWaits(batch);
     const shardState = this.d.registry.state.shards.get(this.d.shard)!;
     const items: Item[] = [];
@@ -123,7 +128,7 @@ export class ShardBatches {
     this.fault("redis");
     // the next batch plans after this one: its Redis step comes after this one's, in offset order
     this.plannedOffset = plan.maxOffset;
-    const t2 = performance.now();
+    const t2 = this.clock.monotonic();
     this.d.metrics.stages.observe("worker_redis", (t2 - t0) / 1000, batch.length);
     return { batch, ack: plan.ack, maxOffset: plan.maxOffset, items, forwards, results, redisDone: t2 };
   }
@@ -137,10 +142,10 @@ export class ShardBatches {
   async emit(p: Prepared): Promise<boolean> {
     // Confirm the epoch against the registry's head before anything leaves this process.
     if (!(await this.guard.confirm())) return false;
-    const t3 = performance.now();
+    const t3 = this.clock.monotonic();
     const { pushes, duplicates } = pushesOf(p.items, p.results, this.d.shard, this.guard.epoch);
     if (duplicates > 0) this.d.metrics.duplicates.inc(this.label, duplicates);
-    const now = Date.now();
+    const now = this.clock.now();
     for (const x of pushes) {
       this.d.pushes.route(x.push, x.routes);
       this.d.metrics.pushLatency.observe(Math.max(0, now - x.push.entry.ts) / 1000);
@@ -156,7 +161,7 @@ export class ShardBatches {
     // the wait for the batch before it to leave
     const stages = this.d.metrics.stages;
     stages.observe("worker_confirm", (t3 - p.redisDone) / 1000, n);
-    stages.observe("worker_push", (performance.now() - t3) / 1000, n);
+    stages.observe("worker_push", (this.clock.monotonic() - t3) / 1000, n);
     this.lastOffset = p.maxOffset;
     this.d.metrics.processed.inc(this.label, p.items.length + p.forwards.length);
     this.d.metrics.pushed.inc(this.label, pushes.length);
@@ -175,7 +180,7 @@ export class ShardBatches {
     const first = batch[0]?.info?.timestampNanos;
     const last = batch[batch.length - 1]?.info?.timestampNanos;
     if (first === undefined || last === undefined) return;
-    const now = Date.now();
+    const now = this.clock.now();
     const n = batch.length;
     const waitFirst = Math.max(0, now - first / 1e6) / 1000;
     const waitLast = Math.max(0, now - last / 1e6) / 1000;
@@ -237,7 +242,7 @@ export class ShardBatches {
           const refusal = writeRefusal(err);
           this.d.log.warn({ shard: this.d.shard, err: (err as Error).message, attempt, ...(refusal ? { refusal } : {}) }, refusal ? `redis step failed: Redis refuses writes (${refusal}); retrying` : "redis step failed; retrying");
         }
-        await sleep(backoffCeiling(attempt, RETRY_BACKOFF));
+        await sleep(this.clock, backoffCeiling(attempt, RETRY_BACKOFF));
         if (!this.guard.holds()) return undefined;
       }
     }

@@ -101,6 +101,6 @@ export interface RunnerDeps {
   log: Logger;
   workerId: string;
   config: RunnerConfig;
-  /** What the epoch guard's waits and freshness run on (default: systemClock); tests step a manual one. */
+  /** What the runner's waits (the epoch guard's, the Redis step's retries), freshness and stage times run on (default: systemClock); tests step a manual one. */
   clock?: Clock;
 }

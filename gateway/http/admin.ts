@@ -17,6 +17,8 @@ import {
   MAX_OFFSET,
   bigintsAsStrings,
   shardStream,
+  systemClock,
+  type Clock,
   type Config,
   type RedisKeys,
 } from "../../protocol/index.js";
@@ -126,10 +128,10 @@ export async function adminState(src: AdminSource): Promise<AdminState> {
 }
 
 /** One state per STATE_TTL_MS, shared by every poll (the first one reads, the others wait for it). */
-export function sharedState(read: () => Promise<AdminState>, ttlMs = STATE_TTL_MS): () => Promise<AdminState> {
+export function sharedState(read: () => Promise<AdminState>, ttlMs = STATE_TTL_MS, clock: Pick<Clock, "monotonic"> = systemClock): () => Promise<AdminState> {
   let last: { at: number; state: Promise<AdminState> } | undefined;
   return () => {
-    const now = Date.now();
+    const now = clock.monotonic();
     if (last !== undefined && now - last.at < ttlMs) return last.state;
     const state = read();
     last = { at: now, state };

@@ -17,6 +17,7 @@
 import { afterDeadline, appendedByAnother, batchAck, entryAck, retryDelayMs, type AckAnswer } from "../dispatch-ack.js";
 import { DISPATCH_SLICE, QUEUED_ENTRY_COST, type DispatchRegistryView, type DispatchResult } from "../dispatch-request.js";
 import { nextUnit, type BatchLimits } from "../dispatch-units.js";
+import type { Clock, TimerHandle } from "../clock.js";
 import type { MailboxSeq } from "../seq.js";
 import type { DispatchLink } from "./dispatch-link.js";
 import { PublishReads } from "./dispatch-reads.js";
@@ -66,7 +67,7 @@ export interface Job {
   mark: number;
   /** Its publish was not read yet at its last ack deadline (afterDeadline). */
   heldLast?: boolean;
-  /** When it was scheduled, and first published (performance.now(); 0: not yet): its queue wait and its ack's. */
+  /** When it was scheduled, and first published (the clock's monotonic time; 0: not yet): its queue wait and its ack's. */
   queuedAt: number;
   sentAt: number;
 }
@@ -105,6 +106,8 @@ export interface FlightOptions extends BatchLimits {
   /** Ack deadlines per entry (one per publish, one per deadline held) before its result is DISPATCH_TIMEOUT. */
   attempts: number;
   timings?: DispatchTimings | undefined;
+  /** The ack deadlines, the sweeper, the retry delays and the stage times run on it. */
+  clock: Clock;
 }
 
 export class DispatchFlight {
@@ -130,7 +133,7 @@ export class DispatchFlight {
   private queued = 0;
   private outboxScheduled = false;
   private readonly reads: PublishReads;
-  private readonly sweeper: ReturnType<typeof setInterval>;
+  private readonly sweeper: TimerHandle;
 
   constructor(
     private readonly link: DispatchLink,
@@ -142,8 +145,7 @@ export class DispatchFlight {
       if (this.unreadDone.length > 0) this.releaseRead();
     }, opts.ackTimeoutMs / 4);
     // One timer for every ack deadline instead of one per publish.
-    this.sweeper = setInterval(() => this.sweep(), Math.max(10, Math.min(100, Math.floor(opts.ackTimeoutMs / 4))));
-    this.sweeper.unref?.();
+    this.sweeper = opts.clock.setInterval(() => this.sweep(), Math.max(10, Math.min(100, Math.floor(opts.ackTimeoutMs / 4))));
   }
 
   /** Entry bytes of the publishes awaiting an ack now, or done but not yet read by nats-server (bounded by `maxInFlightBytes`). */
@@ -159,7 +161,7 @@ export class DispatchFlight {
   /** Takes the job in its user's order: now, if the user has nothing in flight, else behind the user's others. */
   schedule(job: Job): void {
     this.queued += job.data.byteLength + QUEUED_ENTRY_COST;
-    if (this.opts.timings !== undefined) job.queuedAt = performance.now();
+    if (this.opts.timings !== undefined) job.queuedAt = this.opts.clock.monotonic();
     const queue = this.users.get(job.user);
     if (queue !== undefined) {
       // behind this user's job in flight: order per user
@@ -232,9 +234,9 @@ export class DispatchFlight {
     const units = this.outbox.splice(0, take);
     if (this.outbox.length > 0) setImmediate(this.publishOutbox);
     else this.outboxScheduled = false;
-    const deadline = Date.now() + this.opts.ackTimeoutMs;
+    const deadline = this.opts.clock.now() + this.opts.ackTimeoutMs;
     const timings = this.opts.timings;
-    const at = timings !== undefined ? performance.now() : 0;
+    const at = timings !== undefined ? this.opts.clock.monotonic() : 0;
     for (const unit of units) {
       if (timings !== undefined && unit.sentAt === 0) this.firstSent(unit, at, timings);
       unit.deadline = deadline;
@@ -275,7 +277,7 @@ export class DispatchFlight {
   }
 
   private sweep(): void {
-    const now = Date.now();
+    const now = this.opts.clock.now();
     for (const [token, unit] of this.pending) {
       if (unit.deadline > now) break;
       this.pending.delete(token);
@@ -359,7 +361,7 @@ export class DispatchFlight {
       return;
     }
     // Same Nats-Msg-Id: JetStream drops the copy if the first attempt did land. It keeps its place meanwhile.
-    setTimeout(() => {
+    this.opts.clock.setTimeout(() => {
       this.stats.retries++;
       this.toOutbox(job);
     }, retryDelayMs(job.attempt));
@@ -382,7 +384,7 @@ export class DispatchFlight {
     if ("error" in result) this.stats.failed++;
     else {
       this.stats.appended++;
-      if (this.opts.timings !== undefined && job.sentAt > 0) this.opts.timings.acked((performance.now() - job.sentAt) / 1000);
+      if (this.opts.timings !== undefined && job.sentAt > 0) this.opts.timings.acked((this.opts.clock.monotonic() - job.sentAt) / 1000);
     }
     this.queued -= job.data.byteLength + QUEUED_ENTRY_COST;
     const call = job.call;
@@ -472,7 +474,7 @@ export class DispatchFlight {
 
   /** Stops listening for acks; publishes still pending fail by timeout. */
   close(): void {
-    clearInterval(this.sweeper);
+    this.opts.clock.clearInterval(this.sweeper);
     this.link.close();
   }
 }

@@ -18,6 +18,7 @@
  * behind DispatchLink (dispatch-link.ts); the decisions are pure (protocol/dispatch-*.ts).
  */
 import type { NatsConnection } from "@nats-io/transport-node";
+import { systemClock, type Clock } from "../clock.js";
 import { encodeStoredEntry } from "../entry.js";
 import { MAX_BODY_BYTES } from "../frames.js";
 import { entryMsgId, entrySubject } from "../subjects.js";
@@ -87,6 +88,8 @@ export interface DispatcherOptions {
   maxQueuedBytes?: number;
   /** Called with each entry's queue wait and ack wait (protocol/stages.ts: dispatch_queue, dispatch_ack). */
   timings?: DispatchTimings;
+  /** What the ack deadlines, retries, entry times and stage times run on (default: systemClock); tests step a manual one. */
+  clock?: Clock;
 }
 
 const nextTurn = () => new Promise<void>((r) => setImmediate(r));
@@ -98,8 +101,8 @@ interface Encoded {
 }
 
 /** The entry's bytes carry the call's time (ms): an entry of this call is told from another call's by them (appendedByAnother). */
-function encoded(r: ValidDispatch): Encoded {
-  return { r, data: encodeStoredEntry({ id: r.message_id, d: r.dispatch_id, ts: Date.now(), b: r.body as Uint8Array<ArrayBuffer> }) };
+function encoded(r: ValidDispatch, now: number): Encoded {
+  return { r, data: encodeStoredEntry({ id: r.message_id, d: r.dispatch_id, ts: Math.floor(now), b: r.body as Uint8Array<ArrayBuffer> }) };
 }
 
 /** Runs a sliced step to its end in this turn. */
@@ -125,6 +128,7 @@ export class LinkDispatcher {
   private readonly flight: DispatchFlight;
   private readonly rules: DispatchRules;
   private readonly maxQueuedBytes: number;
+  private readonly clock: Clock;
   /** The end of the intake of calls made while a large one is sliced; undefined when none is. */
   private intake: Promise<void> | undefined;
 
@@ -134,6 +138,7 @@ export class LinkDispatcher {
     opts: DispatcherOptions,
   ) {
     this.rules = { lanes: new Set(opts.lanes), maxBodyBytes: Math.min(opts.maxBodyBytes ?? MAX_BODY_BYTES, MAX_BODY_BYTES), shards };
+    this.clock = opts.clock ?? systemClock;
     this.flight = new DispatchFlight(link, shards, {
       ackTimeoutMs: opts.ackTimeoutMs ?? 2000,
       attempts: opts.attempts ?? 5,
@@ -143,6 +148,7 @@ export class LinkDispatcher {
       minBatch: Math.max(2, opts.minBatch ?? 64),
       maxBatchesPerShard: opts.maxBatchesPerShard ?? 16,
       timings: opts.timings,
+      clock: this.clock,
     });
     this.stats = this.flight.stats;
     this.maxQueuedBytes = opts.maxQueuedBytes ?? 64 * 1024 * 1024;
@@ -191,7 +197,7 @@ export class LinkDispatcher {
       } catch (err) {
         return Promise.reject(err instanceof Error ? err : new Error(String(err)));
       }
-      const e = encoded(r);
+      const e = encoded(r, this.clock.now());
       const refused = this.refusal([e]);
       if (refused !== undefined) return Promise.reject(refused);
       const call = this.newCall(r);
@@ -199,7 +205,7 @@ export class LinkDispatcher {
       return call.promise;
     }
     return this.sliced(async () => {
-      const e = encoded(await turns(validation(req, this.rules)));
+      const e = encoded(await turns(validation(req, this.rules)), this.clock.now());
       const refused = this.refusal([e]);
       if (refused !== undefined) throw refused;
       const call = this.newCall(e.r);
@@ -227,7 +233,7 @@ export class LinkDispatcher {
       }
       const repeat = repeatedDispatch(valid);
       if (repeat !== undefined) throw repeat;
-      const all = valid.map(encoded);
+      const all = valid.map((r) => encoded(r, this.clock.now()));
       const refused = this.refusal(all);
       if (refused !== undefined) throw refused;
       const calls: Promise<DispatchResult[]>[] = [];

@@ -2,6 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { sharedState, type AdminState } from "../../gateway/http/admin.js";
 import { FailedAuthThrottle } from "../../gateway/http/bearer.js";
+import { ManualClock } from "../harness/manual-clock.js";
 
 test("admin - wrong-token throttle: a burst, then one attempt per refill, per client; the oldest client forgotten past the bound", () => {
   const t = new FailedAuthThrottle(3, 1 / 6, 2);
@@ -27,11 +28,12 @@ test("admin - the console state is read once per period however many ask; a fail
     if (fail) throw new Error("down");
     return { at: reads } as unknown as AdminState;
   };
-  const get = sharedState(read, 50);
+  const clock = new ManualClock();
+  const get = sharedState(read, 50, clock);
   const all = await Promise.all(Array.from({ length: 10 }, () => get()));
   assert.equal(reads, 1);
   assert.ok(all.every((s) => s === all[0]));
-  await new Promise((r) => setTimeout(r, 60));
+  clock.advance(60);
   fail = true;
   await assert.rejects(get(), /down/);
   fail = false;

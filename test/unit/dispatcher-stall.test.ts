@@ -12,19 +12,53 @@ import { composeSeq, entryMsgId } from "../../protocol/index.js";
 import { afterDeadline, appendedByAnother } from "../../protocol/dispatch-ack.js";
 import { DispatchUnavailableError, QUEUED_ENTRY_COST, queueRefusal, queuedCost, type DispatchRequest, type DispatchResult } from "../../protocol/dispatch-request.js";
 import { LinkDispatcher, type DispatcherOptions } from "../../protocol/io/dispatch.js";
+import { ManualClock } from "../harness/manual-clock.js";
 import { FakeLink } from "../harness/dispatch-fakes.js";
-import { sleep, waitFor } from "../harness/wait.js";
 
-// The Dispatcher's sweeper timer does not hold the process up (unref): this does, while acks are awaited.
+// Nothing else holds the process up while a test awaits what the manual clock will settle.
 const alive = setInterval(() => undefined, 60_000);
 after(() => clearInterval(alive));
+
+/**
+ * The Dispatcher's clock in these tests: its ack deadlines, sweeper and retry delays move only when
+ * `driven` or `pass` step it, a millisecond at a time with a turn of the event loop between (the
+ * fake link answers on turns), so no test waits on the wall clock.
+ */
+const clock = new ManualClock(Date.now());
+
+/** `ms` of the Dispatcher's time. */
+async function pass(ms: number): Promise<void> {
+  for (let i = 0; i < ms; i++) {
+    clock.advance(1);
+    await new Promise<void>((r) => setImmediate(r));
+  }
+}
+
+/** Steps the clock until `done` (at most a minute of the Dispatcher's time). */
+async function passUntil(done: () => boolean): Promise<void> {
+  for (let i = 0; !done() && i < 60_000; i++) {
+    clock.advance(1);
+    await new Promise<void>((r) => setImmediate(r));
+  }
+}
+
+/** Steps the clock until `p` settles (at most a minute of the Dispatcher's time); its value. */
+async function driven<T>(p: Promise<T>): Promise<T> {
+  let done = false;
+  void p.then(() => (done = true), () => (done = true));
+  for (let i = 0; !done && i < 60_000; i++) {
+    clock.advance(1);
+    await new Promise<void>((r) => setImmediate(r));
+  }
+  return p;
+}
 
 const view = { shardOf: () => 0, seqOf: (_s: number, offset: number) => composeSeq(0, offset) };
 const ACK_MS = 40;
 
 function rig(opts: Partial<DispatcherOptions> = {}) {
   const link = new FakeLink();
-  const d = new LinkDispatcher(link, () => view, { lanes: ["default"], ackTimeoutMs: ACK_MS, ...opts });
+  const d = new LinkDispatcher(link, () => view, { lanes: ["default"], ackTimeoutMs: ACK_MS, clock, ...opts });
   return { link, d };
 }
 
@@ -41,13 +75,13 @@ test("dispatcher stall - nothing is published again while nats-server reads noth
   const ids = users(10, "st");
   const pending = d.dispatch(req("st", ids, new Uint8Array(100)));
   // 3 deadlines and the give-up pass by 120 ms; the places stay taken after
-  await sleep(ACK_MS * 8);
+  await pass(ACK_MS * 8);
   assert.equal(link.published.length, 4, "the window's four, once each");
   assert.equal(d.stats.retries, 0);
   assert.equal(d.stats.held, 4 * 2, "each held at its first two deadlines, given up at its third");
   assert.equal(link.peakHeldBytes, d.inFlightBytes, "the client holds what the window counts: the places stay taken");
   link.resume();
-  const results = await pending;
+  const results = await driven(pending);
   const codes = results.map((r) => ("error" in r ? r.error.code : "ok"));
   assert.deepEqual(codes, [...Array<string>(4).fill("DISPATCH_TIMEOUT"), ...Array<string>(6).fill("ok")], "the first four gave up (they may or may not have landed); the rest went once the client's were read");
   assert.deepEqual(link.ids(), ids.map((u) => entryMsgId("st", u)), "each once, in order");
@@ -63,13 +97,13 @@ test("dispatcher stall - a publish held through the stall is settled by its own 
   let stalled = false;
   link.policy = ({ msgIds }) => (msgIds.length > 1 && !stalled ? ((stalled = true), "stall") : "append");
   const ann = ["h0", "h1", "h2", "h3", "h4"].map((id) => d.dispatch(req(id, ["ann"])));
-  await waitFor("the batch published", () => stalled);
+  await passUntil(() => stalled);
   // bob's single entry meets the stall too
   const bob = d.dispatch(req("b0", ["bob"]));
-  await sleep(ACK_MS * 6);
+  await pass(ACK_MS * 6);
   assert.deepEqual(link.published.map((p) => p.msgIds.length), [1, 4, 1], "nothing again: the batch is not broken up, bob's entry not sent twice");
   link.resume();
-  const results = [...(await Promise.all(ann)), await bob].map((r) => ok(r[0]));
+  const results = [...(await driven(Promise.all(ann))), await driven(bob)].map((r) => ok(r[0]));
   assert.deepEqual(results.map((r) => r.duplicate), [false, false, false, false, false, false]);
   assert.deepEqual(results.map((r) => r.offset), [1, 2, 3, 4, 5, 6]);
   assert.deepEqual([d.stats.retries, d.stats.batches, d.stats.batchFallbacks], [0, 1, 0]);
@@ -88,12 +122,12 @@ test("dispatcher stall - duplicate after an unanswered attempt of its own (an en
     if (msgIds[0] === entryMsgId("u1", "uma") || msgIds.length > 1) return "lost";
     return msgIds[0] === entryMsgId("c2", "cat") ? "drop" : "append";
   };
-  const [u1, a, c1, c2] = await Promise.all([
+  const [u1, a, c1, c2] = await driven(Promise.all([
     d.dispatch(req("u1", ["uma"])),
     Promise.all(["a0", "a1", "a2", "a3"].map((id) => d.dispatch(req(id, ["ann"])))),
     d.dispatch(req("c1", ["cat"])),
     d.dispatch(req("c2", ["cat"])),
-  ]);
+  ]));
   assert.equal(ok(u1[0]).duplicate, false, "its own lost answer");
   assert.deepEqual(a.map((r) => ok(r[0]).duplicate), [false, false, false, false], "its own batch, landed with its answer lost");
   assert.equal(d.stats.batchFallbacks, 1);
@@ -114,12 +148,12 @@ test("dispatcher stall - a call the queue has no room for is refused whole (Disp
   await assert.rejects(d.dispatch(req("q2", ["qc"], body)), full);
   await assert.rejects(d.dispatch(req("q3", users(600, "big"), body)), full, "the sliced path too");
   await assert.rejects(d.dispatchMany([req("q4", ["qd"]), req("q5", ["qe"])]), full, "a batch: all or nothing");
-  await sleep(ACK_MS);
+  await pass(ACK_MS);
   assert.deepEqual(link.published.map((p) => p.msgIds[0]!.split(":")[0]), ["q1", "q1"], "only the first call's");
   link.resume();
-  assert.ok((await first).every((r) => "seq" in r));
+  assert.ok((await driven(first)).every((r) => "seq" in r));
   assert.equal(d.queuedBytes, 0);
-  assert.ok((await d.dispatch(req("q2", ["qc"], body))).every((r) => "seq" in r), "room again");
+  assert.ok((await driven(d.dispatch(req("q2", ["qc"], body)))).every((r) => "seq" in r), "room again");
   d.close();
 });
 

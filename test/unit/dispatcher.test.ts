@@ -14,11 +14,38 @@ import { batchAck, entryAck, retryDelayMs, type AckAnswer } from "../../protocol
 import { MAX_RECIPIENTS, DispatchUnavailableError, DispatchValidationError, type DispatchRequest, type DispatchResult } from "../../protocol/dispatch-request.js";
 import { nextUnit, type BatchLimits } from "../../protocol/dispatch-units.js";
 import { LinkDispatcher, type DispatcherOptions } from "../../protocol/io/dispatch.js";
+import { ManualClock } from "../harness/manual-clock.js";
 import { FakeLink, json, type Policy } from "../harness/dispatch-fakes.js";
 
-// The Dispatcher's sweeper timer does not hold the process up (unref): this does, while acks are awaited.
+// Nothing else holds the process up while a test awaits what the manual clock will settle.
 const alive = setInterval(() => undefined, 60_000);
 after(() => clearInterval(alive));
+
+/**
+ * The Dispatcher's clock in these tests: its ack deadlines, sweeper and retry delays move only when
+ * `driven` or `pass` step it, a millisecond at a time with a turn of the event loop between (the
+ * fake link answers on turns), so no test waits on the wall clock.
+ */
+const clock = new ManualClock(Date.now());
+
+/** `ms` of the Dispatcher's time. */
+async function pass(ms: number): Promise<void> {
+  for (let i = 0; i < ms; i++) {
+    clock.advance(1);
+    await new Promise<void>((r) => setImmediate(r));
+  }
+}
+
+/** Steps the clock until `p` settles (at most a minute of the Dispatcher's time); its value. */
+async function driven<T>(p: Promise<T>): Promise<T> {
+  let done = false;
+  void p.then(() => (done = true), () => (done = true));
+  for (let i = 0; !done && i < 60_000; i++) {
+    clock.advance(1);
+    await new Promise<void>((r) => setImmediate(r));
+  }
+  return p;
+}
 
 let epoch = 0;
 /** Offsets from this one on have no seq in the registry (an offset past the 48-bit field). */
@@ -28,7 +55,7 @@ const view = { shardOf: (u: string) => (u.startsWith("nobody") ? undefined : 0),
 
 function rig(opts: Partial<DispatcherOptions> = {}) {
   const link = new FakeLink();
-  const d = new LinkDispatcher(link, () => view, { lanes: ["default", "chat"], ackTimeoutMs: 40, ...opts });
+  const d = new LinkDispatcher(link, () => view, { lanes: ["default", "chat"], ackTimeoutMs: 40, clock, ...opts });
   return { link, d };
 }
 
@@ -84,7 +111,7 @@ test("dispatcher - NATS away: DispatchUnavailableError (retry after 2 s) before 
   await turn();
   assert.deepEqual(link.published, []);
   link.down = undefined;
-  ok((await d.dispatch(req("a", ["u"])))[0]);
+  ok((await driven(d.dispatch(req("a", ["u"]))))[0]);
   d.close();
 });
 
@@ -93,12 +120,12 @@ test("dispatcher - one result per recipient, in request order; seq numbered by t
   epoch = 0;
   const pending = d.dispatch(req("m1", ["ann", "ben", "cid"]));
   epoch = 3; // an epoch change between the publish and its ack
-  const results = await pending;
+  const results = await driven(pending);
   assert.deepEqual(results.map((r) => ok(r).user), ["ann", "ben", "cid"]);
   assert.deepEqual(results.map((r) => ok(r).seq), [1, 2, 3].map((o) => composeSeq(3, o)));
   assert.deepEqual(results.map((r) => ok(r).offset), [1, 2, 3]);
   assert.deepEqual(link.ids(), ["ann", "ben", "cid"].map((u) => entryMsgId("m1", u)), "Nats-Msg-Id <dispatch_id>:<user>");
-  const again = await d.dispatch(req("m1", ["ann"]));
+  const again = await driven(d.dispatch(req("m1", ["ann"])));
   assert.equal(ok(again[0]).duplicate, true);
   assert.equal(ok(again[0]).offset, 1);
   assert.equal(d.stats.appended, 4);
@@ -117,8 +144,8 @@ test("dispatcher - a user's entries stay in call order through refused publishes
   link.policy = ({ msgIds, attempt }) => plan[msgIds[0]!]?.[attempt - 1] ?? "append";
   const calls = ["a1", "a2", "a3", "a4"].map((id) => d.dispatch(req(id, ["ann"])));
   const other = d.dispatch(req("b1", ["bob"]));
-  const bob = ok((await other)[0]);
-  const ann = (await Promise.all(calls)).map((r) => ok(r[0]));
+  const bob = ok((await driven(other))[0]);
+  const ann = (await driven(Promise.all(calls))).map((r) => ok(r[0]));
   assert.equal(bob.offset, 1, "bob was not held behind ann's trouble");
   assert.deepEqual(link.ids().filter((id) => id.endsWith(":ann")), ["a1", "a2", "a3", "a4"].map((id) => entryMsgId(id, "ann")), "ann's entries once each, in call order");
   assert.deepEqual(ann.map((r) => r.duplicate), [false, false, false, false], "a2 landed on its own try whose ack was lost: not a duplicate for the caller");
@@ -131,7 +158,7 @@ test("dispatcher - a user's entries stay in call order through refused publishes
 test("dispatcher - a refusal not worth a retry is DISPATCH_REJECTED; no ack after every attempt is DISPATCH_TIMEOUT; the user's next entries go on", async () => {
   const { link, d } = rig({ attempts: 2 });
   link.policy = ({ msgIds }) => (msgIds[0]!.startsWith("r1:") ? json({ error: { code: 400, description: "bad subject" } }) : msgIds[0]!.startsWith("r2:") ? "drop" : "append");
-  const [r1, r2, r3] = await Promise.all(["r1", "r2", "r3"].map((id) => d.dispatch(req(id, ["ann"]))));
+  const [r1, r2, r3] = await driven(Promise.all(["r1", "r2", "r3"].map((id) => d.dispatch(req(id, ["ann"])))));
   assert.deepEqual(r1![0], { user: "ann", shard: 0, error: { code: "DISPATCH_REJECTED", message: "400 bad subject" } });
   const t = r2![0]!;
   assert.ok("error" in t && t.error.code === "DISPATCH_TIMEOUT");
@@ -147,7 +174,7 @@ test("dispatcher - an offset the registry numbers no seq for is DISPATCH_REJECTE
   const { link, d } = rig();
   link.preload("filler");
   noSeqFrom = 2;
-  const [r] = await d.dispatch(req("late", ["ann"]));
+  const [r] = await driven(d.dispatch(req("late", ["ann"])));
   noSeqFrom = Infinity;
   assert.deepEqual(r, { user: "ann", shard: 0, error: { code: "DISPATCH_REJECTED", message: "appended at offset 2, but the registry numbers no such offset of shard 0" } });
   d.close();
@@ -156,7 +183,7 @@ test("dispatcher - an offset the registry numbers no seq for is DISPATCH_REJECTE
 test("dispatcher - a hot user's queue goes as atomic batches: consecutive offsets, each result at its entry's", async () => {
   const { link, d } = rig({ minBatch: 3, maxBatch: 4 });
   const ids = Array.from({ length: 10 }, (_, i) => `h${i}`);
-  const results = (await Promise.all(ids.map((id) => d.dispatch(req(id, ["ann"]))))).map((r) => ok(r[0]));
+  const results = (await driven(Promise.all(ids.map((id) => d.dispatch(req(id, ["ann"])))))).map((r) => ok(r[0]));
   assert.deepEqual(link.published.map((p) => [p.batch, p.msgIds.length]), [[false, 1], [true, 4], [true, 4], [false, 1]], "the first alone, then batches of maxBatch, the last one under minBatch alone");
   assert.deepEqual(link.ids(), ids.map((id) => entryMsgId(id, "ann")));
   assert.deepEqual(results.map((r) => r.offset), ids.map((_, i) => i + 1), "entry i of a batch at ack.seq - n + 1 + i");
@@ -169,13 +196,13 @@ test("dispatcher - a batch refused (an entry of it already landed) or unanswered
   const ann = (ids: string[]) => Promise.all(ids.map((id) => d.dispatch(req(id, ["ann"])))).then((rs) => rs.map((r) => ok(r[0])));
   // refused: f2 landed before (from a batch whose answer was lost); g0 and g1 wait behind the batch
   link.preload(entryMsgId("f2", "ann"));
-  const f = await ann(["f0", "f1", "f2", "f3", "g0", "g1"]);
+  const f = await driven(ann(["f0", "f1", "f2", "f3", "g0", "g1"]));
   assert.deepEqual(f.map((r) => r.duplicate), [false, false, true, false, false, false], "f2 answers duplicate at its offset");
   assert.equal(f[2]!.offset, 1);
   assert.deepEqual(link.published.map((p) => p.msgIds.length), [1, 3, 1, 1, 1, 1, 1], "f0 alone, the batch f1-f3 refused, then each alone");
   // unanswered (it may yet land; here it does not): h4 waits behind it
   link.policy = ({ msgIds, attempt }) => (msgIds.length > 1 && attempt === 1 ? "drop" : "append");
-  await ann(["h0", "h1", "h2", "h3", "h4"]);
+  await driven(ann(["h0", "h1", "h2", "h3", "h4"]));
   assert.deepEqual(link.ids(), ["f2", "f0", "f1", "f3", "g0", "g1", "h0", "h1", "h2", "h3", "h4"].map((id) => entryMsgId(id, "ann")), "each once, in call order");
   assert.deepEqual([d.stats.batches, d.stats.batchFallbacks], [0, 2]);
   d.close();
@@ -185,8 +212,8 @@ test("dispatcher - a stream that refuses atomic publish (10174): that batch one 
   const { link, d } = rig({ minBatch: 2 });
   link.policy = ({ msgIds }) => (msgIds.length > 1 ? json({ error: { code: 400, err_code: 10174, description: "atomic publish is disabled" } }) : "append");
   const a = ["n0", "n1", "n2", "n3"].map((id) => d.dispatch(req(id, ["ann"])));
-  await Promise.all(a);
-  const b = await Promise.all(["n4", "n5", "n6"].map((id) => d.dispatch(req(id, ["ann"]))));
+  await driven(Promise.all(a));
+  const b = await driven(Promise.all(["n4", "n5", "n6"].map((id) => d.dispatch(req(id, ["ann"])))));
   assert.ok(b.every((r) => "seq" in r[0]!));
   assert.equal(link.published.filter((p) => p.batch).length, 1, "one batch tried, then none");
   assert.deepEqual(link.ids(), ["n0", "n1", "n2", "n3", "n4", "n5", "n6"].map((id) => entryMsgId(id, "ann")));
@@ -196,13 +223,13 @@ test("dispatcher - a stream that refuses atomic publish (10174): that batch one 
 
 test("dispatcher - the in-flight window: at most maxInFlight entries and maxInFlightBytes awaiting an ack, every entry appended", async () => {
   const { link, d } = rig({ maxInFlight: 3 });
-  const results = await d.dispatch(req("w", Array.from({ length: 20 }, (_, i) => `win${i}`)));
+  const results = await driven(d.dispatch(req("w", Array.from({ length: 20 }, (_, i) => `win${i}`))));
   assert.ok(results.every((r) => "seq" in r));
   assert.equal(link.peakUnanswered, 3);
   const bytes = rig({ maxInFlightBytes: 250 });
   let peak = 0;
   const sample = setInterval(() => (peak = Math.max(peak, bytes.d.inFlightBytes)), 0);
-  const r2 = await bytes.d.dispatch(req("wb", Array.from({ length: 10 }, (_, i) => `wb${i}`), new Uint8Array(100)));
+  const r2 = await driven(bytes.d.dispatch(req("wb", Array.from({ length: 10 }, (_, i) => `wb${i}`), new Uint8Array(100))));
   clearInterval(sample);
   assert.ok(r2.every((r) => "seq" in r));
   assert.ok(bytes.link.peakUnanswered <= 2, `entries of ~120 bytes through a 250-byte window (${bytes.link.peakUnanswered} at once)`);
@@ -217,10 +244,10 @@ test("dispatcher - a large dispatch is sliced over turns; a call made after it l
   const many = Array.from({ length: 1200 }, (_, i) => `s${i}`);
   const big = d.dispatch(req("big", many));
   const small = d.dispatch(req("small", ["s1199"]));
-  const [b, s] = await Promise.all([big, small]);
+  const [b, s] = await driven(Promise.all([big, small]));
   assert.ok(ok(s[0]).seq > ok(b[1199]).seq);
   assert.equal(link.ids().length, 1201);
-  const many2 = await d.dispatchMany([req("x1", ["ann", "ben"]), req("x2", ["ann"]), req("x1", ["ann", "ben"])]);
+  const many2 = await driven(d.dispatchMany([req("x1", ["ann", "ben"]), req("x2", ["ann"]), req("x1", ["ann", "ben"])]));
   assert.deepEqual(many2.map((rs) => rs.map((r) => ok(r).duplicate)), [[false, false], [false], [true, true]], "the same dispatch twice is a retry");
   assert.ok(ok(many2[1]![0]).seq > ok(many2[0]![0]).seq, "array order per user");
   d.close();
@@ -275,13 +302,13 @@ test("dispatcher - timings: each entry's queue wait once, at its first publish, 
   const { link, d } = rig({ ackTimeoutMs: 5000, timings: { queued: (s) => queued.push(s), acked: (s) => acked.push(s) } });
   link.stall();
   const calls = [d.dispatch(req("t1", ["u"])), d.dispatch(req("t2", ["u"])), d.dispatch(req("t3", ["u", "v"]))];
-  await new Promise((r) => setTimeout(r, 60));
+  await pass(60);
   // u's first entry and v's went out at once; u's second and third wait behind u's first
   assert.equal(queued.length, 2, "queue waits of the entries published so far");
   assert.ok(queued.every((s) => s < 0.03), `published at once: ${String(queued)}`);
   assert.equal(acked.length, 0, "nothing acked while nats-server reads nothing");
   link.resume();
-  for (const r of (await Promise.all(calls)).flat()) ok(r);
+  for (const r of (await driven(Promise.all(calls))).flat()) ok(r);
   assert.equal(queued.length, 4, "one queue wait per entry");
   assert.ok(queued.filter((s) => s >= 0.03).length === 2, `u's second and third waited behind its first: ${String(queued)}`);
   assert.equal(acked.length, 4, "one ack wait per entry");
@@ -293,7 +320,7 @@ test("dispatcher - timings: an entry that ends in an error has no ack wait", asy
   const acked: number[] = [];
   const { link, d } = rig({ attempts: 1, timings: { queued: () => undefined, acked: (s) => acked.push(s) } });
   link.policy = () => "drop";
-  const [r] = await d.dispatch(req("x", ["u"]));
+  const [r] = await driven(d.dispatch(req("x", ["u"])));
   assert.equal(r !== undefined && "error" in r ? r.error.code : undefined, "DISPATCH_TIMEOUT");
   assert.deepEqual(acked, []);
   d.close();

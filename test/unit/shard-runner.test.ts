@@ -292,8 +292,14 @@ interface Rig {
 }
 
 /**
+ * The runners' clock unless a test brings its own: `until` steps it, so a Redis retry's backoff or
+ * the guard's freshness passes by steps, never by waiting.
+ */
+const shared = new ManualClock();
+
+/**
  * `batch`: JETGATE_WORKER_BATCH; 1 makes every batch one delivery, whatever the timing. `clock`: the
- * epoch guard's (default: the system's).
+ * runner's (default: `shared`, which `until` steps).
  */
 function rig(opts: { registry?: MemRegistry; log?: MemLog; worker?: string; batch?: number; clock?: ManualClock } = {}): Rig {
   const registry = opts.registry ?? new MemRegistry(initialShards(1, [LOG]));
@@ -302,20 +308,31 @@ function rig(opts: { registry?: MemRegistry; log?: MemLog; worker?: string; batc
   const pushes = new MemPushes();
   const metrics = new WorkerMetrics();
   const runner = new ShardRunner(SHARD, {
-    shardLog: log, mailboxes: store, pushes, registry, metrics, log: pino({ level: "silent" }), workerId: opts.worker ?? "w1", config: { ...CONFIG, JETGATE_WORKER_BATCH: opts.batch ?? CONFIG.JETGATE_WORKER_BATCH }, clock: opts.clock,
+    shardLog: log, mailboxes: store, pushes, registry, metrics, log: pino({ level: "silent" }), workerId: opts.worker ?? "w1", config: { ...CONFIG, JETGATE_WORKER_BATCH: opts.batch ?? CONFIG.JETGATE_WORKER_BATCH }, clock: opts.clock ?? shared,
   });
   return { registry, log, store, pushes, metrics, runner };
 }
 
-/** Polls `probe` until it gives a value: the runner's Redis retries wait on real timers (worker/shard-batch.ts). */
-async function until<T>(what: string, probe: () => T | undefined | false, timeoutMs = 3000): Promise<T> {
-  const end = Date.now() + timeoutMs;
-  for (;;) {
+/**
+ * Until `probe` gives a value: a turn of the event loop, then 5 ms of the shared clock, at most
+ * `steps` times (3 s of the runner's time by default). Never the wall clock.
+ */
+async function until<T>(what: string, probe: () => T | undefined | false, steps = 600): Promise<T> {
+  for (let i = 0; ; i++) {
     const v = probe();
     if (v !== undefined && v !== false) return v;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 2));
+    if (i >= steps) throw new Error(`still waiting for ${what} after ${steps} steps`);
+    await new Promise((r) => setImmediate(r));
+    shared.advance(5);
   }
+}
+
+/** Awaits `p` while stepping the shared clock (a stop waits for a retry's backoff to end). */
+async function stepping<T>(what: string, p: Promise<T>): Promise<T> {
+  let done = false;
+  void p.then(() => (done = true), () => (done = true));
+  await until(what, () => done);
+  return p;
 }
 
 const offsetsOf = (pushes: Push[]) => pushes.map((p) => p.entry.seq & ((1n << 48n) - 1n)).map(Number);
@@ -463,7 +480,7 @@ test("shard runner - a fence between the Redis step and the push: nothing of the
       r.log.append("cy", "m3");
       r.log.deliver(2, 3);
       await until("the runner stopped", () => r.runner.state.type === "stopped");
-      await r.runner.stop("test over");
+      await stepping("the stop", r.runner.stop("test over"));
       assert.deepEqual(r.runner.state, { type: "stopped", reason: "fenced by epoch 1" });
       assert.deepEqual(r.store.applied.map((b) => b.map((e) => e.offset)), [[1], [2]], "the Redis step of the fenced batch ran; nothing after it");
       assert.deepEqual(offsetsOf(r.pushes.sent), [1], "no push of the fenced batch");
@@ -525,7 +542,7 @@ test("shard runner - fenced with deliveries queued beyond the limit: the runner 
   await until("the runner stopped", () => r.runner.state.type === "stopped");
   let stopped = false;
   const stopping = r.runner.stop("test over").then(() => (stopped = true));
-  await until("the stop resolved", () => stopped, 1000);
+  await until("the stop resolved", () => stopped, 200);
   await stopping;
   assert.deepEqual(r.runner.state, { type: "stopped", reason: "fenced by epoch 1" });
   assert.deepEqual(r.pushes.sent, []);
@@ -555,7 +572,7 @@ test("shard runner - Redis down, then fenced: retried while away, stopped by the
       };
       r.log.deliver(3, 4);
       await until("the runner stopped", () => r.runner.state.type === "stopped");
-      await r.runner.stop("test over");
+      await stepping("the stop", r.runner.stop("test over"));
       assert.deepEqual(r.runner.state, { type: "stopped", reason: "fenced by epoch 1" });
       assert.deepEqual(r.store.applied.map((b) => b.map((e) => e.offset)), c.applied);
       assert.equal(await counter(r.metrics, "jetgate_worker_redis_retries_total"), c.backAt === undefined ? 2 : c.backAt - 1);
@@ -563,7 +580,7 @@ test("shard runner - Redis down, then fenced: retried while away, stopped by the
       assert.deepEqual(r.log.acks, [1, 2], "acked up to what was done only");
       assert.equal(r.runner.offset, 2);
       assert.equal(r.registry.syncs, c.syncs);
-      const released = await r.runner.release("after the fence", 1000);
+      const released = await stepping("the release", r.runner.release("after the fence", 1000));
       assert.deepEqual(released, { outcome: "fenced", offset: 2 }, "a fenced runner writes no release");
       assert.equal(r.registry.shard().owner, null, "the operator's epoch stays unclaimed");
     });
