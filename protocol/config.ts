@@ -8,6 +8,7 @@ import { z } from "zod";
 import { JetgateError } from "./errors.js";
 import { idProblem } from "./ids.js";
 import { MAX_BODY_BYTES } from "./frames.js";
+import { WATERMARK_ALL } from "./layout.js";
 
 export class ConfigError extends JetgateError {
   /** One line per bad variable: `NAME: reason`. */
@@ -111,6 +112,11 @@ const lanes = str("default").transform((v, ctx) => {
     const p = idProblem("lane", l);
     if (p !== undefined) {
       ctx.addIssue({ code: "custom", message: `lane ${p}` });
+      return z.NEVER;
+    }
+    // the watermark hash keeps the user's head in this field: a lane of that name would share it
+    if (l === WATERMARK_ALL) {
+      ctx.addIssue({ code: "custom", message: `lane ${JSON.stringify(l)} is reserved (the watermark hash's field for the user's head over all lanes)` });
       return z.NEVER;
     }
   }

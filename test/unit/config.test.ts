@@ -52,6 +52,7 @@ test("config - each bad value is named with its variable and reason", () => {
     [{ JETGATE_NATS_URL: "::" }, /^JETGATE_NATS_URL: not a URL/],
     [{ JETGATE_REDIS_URL: "nats://x" }, /^JETGATE_REDIS_URL: scheme/],
     [{ JETGATE_LANES: "a.b" }, /^JETGATE_LANES: lane may contain only/],
+    [{ JETGATE_LANES: "chat,_all" }, /^JETGATE_LANES: lane "_all" is reserved \(the watermark hash's field for the user's head over all lanes\)$/m],
     [{ JETGATE_TRUST_FORWARDED_FOR: "maybe" }, /^JETGATE_TRUST_FORWARDED_FOR: must be true or false/],
     // gone with the pure-JS fallback: the gateway runs on the native binary or not at all
     [{ JETGATE_ALLOW_UWS_FALLBACK: "true" }, /^JETGATE_ALLOW_UWS_FALLBACK: unknown setting/],
