@@ -83,3 +83,29 @@ export class ManualClock implements Clock {
     return id;
   }
 }
+
+const turn = () => new Promise<void>((r) => setImmediate(r));
+
+/** `ms` of `clock`'s time, a millisecond at a time with a turn of the event loop between. */
+export async function pass(clock: ManualClock, ms: number): Promise<void> {
+  for (let i = 0; i < ms; i++) {
+    clock.advance(1);
+    await turn();
+  }
+}
+
+/** Steps `clock` a millisecond at a time, a turn between, until `done` (at most `maxMs`). */
+export async function passUntil(clock: ManualClock, done: () => boolean, maxMs = 60_000): Promise<void> {
+  for (let i = 0; !done() && i < maxMs; i++) {
+    clock.advance(1);
+    await turn();
+  }
+}
+
+/** Steps `clock` until `p` settles (at most `maxMs` of its time); `p`'s value. */
+export async function driven<T>(clock: ManualClock, p: Promise<T>, maxMs = 60_000): Promise<T> {
+  let done = false;
+  void p.then(() => (done = true), () => (done = true));
+  await passUntil(clock, () => done, maxMs);
+  return p;
+}

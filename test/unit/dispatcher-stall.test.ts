@@ -12,7 +12,7 @@ import { composeSeq, entryMsgId } from "../../protocol/index.js";
 import { afterDeadline, appendedByAnother } from "../../protocol/dispatch-ack.js";
 import { DispatchUnavailableError, QUEUED_ENTRY_COST, queueRefusal, queuedCost, type DispatchRequest, type DispatchResult } from "../../protocol/dispatch-request.js";
 import { LinkDispatcher, type DispatcherOptions } from "../../protocol/io/dispatch.js";
-import { ManualClock } from "../harness/manual-clock.js";
+import { ManualClock, driven as drivenBy, pass as passBy, passUntil as passUntilBy } from "../harness/manual-clock.js";
 import { FakeLink } from "../harness/dispatch-fakes.js";
 
 // Nothing else holds the process up while a test awaits what the manual clock will settle.
@@ -21,37 +21,13 @@ after(() => clearInterval(alive));
 
 /**
  * The Dispatcher's clock in these tests: its ack deadlines, sweeper and retry delays move only when
- * `driven` or `pass` step it, a millisecond at a time with a turn of the event loop between (the
- * fake link answers on turns), so no test waits on the wall clock.
+ * a test steps it (test/harness/manual-clock.ts: a millisecond at a time with a turn of the event
+ * loop between, as the fake link answers on turns), so no test waits on the wall clock.
  */
 const clock = new ManualClock(Date.now());
-
-/** `ms` of the Dispatcher's time. */
-async function pass(ms: number): Promise<void> {
-  for (let i = 0; i < ms; i++) {
-    clock.advance(1);
-    await new Promise<void>((r) => setImmediate(r));
-  }
-}
-
-/** Steps the clock until `done` (at most a minute of the Dispatcher's time). */
-async function passUntil(done: () => boolean): Promise<void> {
-  for (let i = 0; !done() && i < 60_000; i++) {
-    clock.advance(1);
-    await new Promise<void>((r) => setImmediate(r));
-  }
-}
-
-/** Steps the clock until `p` settles (at most a minute of the Dispatcher's time); its value. */
-async function driven<T>(p: Promise<T>): Promise<T> {
-  let done = false;
-  void p.then(() => (done = true), () => (done = true));
-  for (let i = 0; !done && i < 60_000; i++) {
-    clock.advance(1);
-    await new Promise<void>((r) => setImmediate(r));
-  }
-  return p;
-}
+const pass = (ms: number) => passBy(clock, ms);
+const passUntil = (done: () => boolean) => passUntilBy(clock, done);
+const driven = <T>(p: Promise<T>) => drivenBy(clock, p);
 
 const view = { shardOf: () => 0, seqOf: (_s: number, offset: number) => composeSeq(0, offset) };
 const ACK_MS = 40;

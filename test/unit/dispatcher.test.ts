@@ -14,7 +14,7 @@ import { batchAck, entryAck, retryDelayMs, type AckAnswer } from "../../protocol
 import { MAX_RECIPIENTS, DispatchUnavailableError, DispatchValidationError, type DispatchRequest, type DispatchResult } from "../../protocol/dispatch-request.js";
 import { nextUnit, type BatchLimits } from "../../protocol/dispatch-units.js";
 import { LinkDispatcher, type DispatcherOptions } from "../../protocol/io/dispatch.js";
-import { ManualClock } from "../harness/manual-clock.js";
+import { ManualClock, driven as drivenBy, pass as passBy } from "../harness/manual-clock.js";
 import { FakeLink, json, type Policy } from "../harness/dispatch-fakes.js";
 
 // Nothing else holds the process up while a test awaits what the manual clock will settle.
@@ -23,29 +23,12 @@ after(() => clearInterval(alive));
 
 /**
  * The Dispatcher's clock in these tests: its ack deadlines, sweeper and retry delays move only when
- * `driven` or `pass` step it, a millisecond at a time with a turn of the event loop between (the
- * fake link answers on turns), so no test waits on the wall clock.
+ * a test steps it (test/harness/manual-clock.ts: a millisecond at a time with a turn of the event
+ * loop between, as the fake link answers on turns), so no test waits on the wall clock.
  */
 const clock = new ManualClock(Date.now());
-
-/** `ms` of the Dispatcher's time. */
-async function pass(ms: number): Promise<void> {
-  for (let i = 0; i < ms; i++) {
-    clock.advance(1);
-    await new Promise<void>((r) => setImmediate(r));
-  }
-}
-
-/** Steps the clock until `p` settles (at most a minute of the Dispatcher's time); its value. */
-async function driven<T>(p: Promise<T>): Promise<T> {
-  let done = false;
-  void p.then(() => (done = true), () => (done = true));
-  for (let i = 0; !done && i < 60_000; i++) {
-    clock.advance(1);
-    await new Promise<void>((r) => setImmediate(r));
-  }
-  return p;
-}
+const pass = (ms: number) => passBy(clock, ms);
+const driven = <T>(p: Promise<T>) => drivenBy(clock, p);
 
 let epoch = 0;
 /** Offsets from this one on have no seq in the registry (an offset past the 48-bit field). */
