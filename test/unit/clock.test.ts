@@ -7,15 +7,31 @@ import assert from "node:assert/strict";
 import { sleep, systemClock } from "../../protocol/index.js";
 import { ManualClock } from "../harness/manual-clock.js";
 
-test("system clock - now is wall time (within a second of Date.now), monotonic only grows", async () => {
+/**
+ * The system clock's timers are unref'd, so while a test waits on them alone the event loop is
+ * empty and node:test cancels the test ("the event loop has already resolved"). A plain timer holds
+ * the process up for the test's length.
+ */
+function held(body: () => Promise<void>): () => Promise<void> {
+  return async () => {
+    const hold = setInterval(() => undefined, 60_000);
+    try {
+      await body();
+    } finally {
+      clearInterval(hold);
+    }
+  };
+}
+
+test("system clock - now is wall time (within a second of Date.now), monotonic only grows", held(async () => {
   assert.ok(Math.abs(systemClock.now() - Date.now()) < 1000, `now ${systemClock.now()}, Date.now ${Date.now()}`);
   const a = systemClock.monotonic();
   await sleep(systemClock, 5);
   const b = systemClock.monotonic();
   assert.ok(b - a >= 4, `monotonic moved ${b - a} ms over a 5 ms sleep`);
-});
+}));
 
-test("system clock - setTimeout passes its arg; a cleared timeout or interval never fires", async () => {
+test("system clock - setTimeout passes its arg; a cleared timeout or interval never fires", held(async () => {
   const got = await new Promise<string>((resolve) => systemClock.setTimeout((v: string) => resolve(v), 1, "the arg"));
   assert.equal(got, "the arg");
   const fired: string[] = [];
@@ -26,9 +42,9 @@ test("system clock - setTimeout passes its arg; a cleared timeout or interval ne
   systemClock.clearTimeout(undefined);
   await sleep(systemClock, 30);
   assert.deepEqual(fired, []);
-});
+}));
 
-test("system clock - an interval fires until cleared", async () => {
+test("system clock - an interval fires until cleared", held(async () => {
   let n = 0;
   const i = systemClock.setInterval(() => n++, 2);
   await new Promise<void>((resolve) => {
@@ -39,7 +55,7 @@ test("system clock - an interval fires until cleared", async () => {
   const at = n;
   await sleep(systemClock, 20);
   assert.equal(n, at, "nothing after the clear");
-});
+}));
 
 test("manual clock - time moves only on advance; two timeouts fire in time order, each at its own time", () => {
   const clock = new ManualClock(1_000_000);
