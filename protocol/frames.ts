@@ -91,7 +91,6 @@ export const PingFrameSchema = z.strictObject({ t: z.literal("PING"), id: u32.op
 /** A fresh device JWT for the live session, before the one it authenticated with expires. */
 export const RefreshFrameSchema = z.strictObject({ t: z.literal("REFRESH"), id: u32.optional(), token: z.string().min(1).max(MAX_TOKEN_LENGTH) });
 
-export const CLIENT_FRAME_TYPES = ["AUTH", "ACK", "PULL", "SEND", "PING", "REFRESH"] as const;
 export const ClientFrameSchema = z.discriminatedUnion("t", [
   AuthFrameSchema,
   AckFrameSchema,
@@ -109,6 +108,8 @@ export type SendFrame = z.output<typeof SendFrameSchema>;
 export type PingFrame = z.output<typeof PingFrameSchema>;
 export type RefreshFrame = z.output<typeof RefreshFrameSchema>;
 export type ClientFrame = z.output<typeof ClientFrameSchema>;
+/** The device frames' type names, read off the union (a new frame's schema adds its name). */
+export const CLIENT_FRAME_TYPES: readonly ClientFrame["t"][] = ClientFrameSchema.options.map((o) => o.shape.t.value);
 
 // ---- gateway -> device -------------------------------------------------------------------------
 
@@ -187,7 +188,6 @@ export const PongFrameSchema = z.object({ t: z.literal("PONG"), id: u32.optional
 export const RefreshOkFrameSchema = z.object({ t: z.literal("REFRESH_OK"), id: u32.optional(), exp: timestamp });
 export const GoawayFrameSchema = z.object({ t: z.literal("GOAWAY"), reason: z.string().max(256), retry_ms: z.number().int().min(0) });
 
-export const SERVER_FRAME_TYPES = ["AUTH_OK", "ERROR", "MSGS", "SYNCED", "SEND_OK", "PONG", "GOAWAY", "REFRESH_OK"] as const;
 export const ServerFrameSchema = z.discriminatedUnion("t", [
   AuthOkFrameSchema,
   ErrorFrameSchema,
@@ -211,3 +211,5 @@ export type PongFrame = z.output<typeof PongFrameSchema>;
 export type GoawayFrame = z.output<typeof GoawayFrameSchema>;
 export type RefreshOkFrame = z.output<typeof RefreshOkFrameSchema>;
 export type ServerFrame = z.output<typeof ServerFrameSchema>;
+/** The gateway frames' type names, read off the union. */
+export const SERVER_FRAME_TYPES: readonly ServerFrame["t"][] = ServerFrameSchema.options.map((o) => o.shape.t.value);

@@ -110,6 +110,14 @@ export class RedisKeys {
   workers(): string {
     return `${this.prefix}:{workers}`;
   }
+
+  /**
+   * When the worker set was (re)created, ms: a marker without expiry that workers set NX, so a set
+   * Redis lost (a restart without persistence, FLUSHALL) is told from one that is merely empty.
+   */
+  workersSince(): string {
+    return `${this.prefix}:{workers}:since`;
+  }
 }
 
 /** A seq as a fixed-width decimal string, so Lua compares seqs as strings (its numbers are doubles). */

@@ -3,7 +3,7 @@
  * correctness comes from epochs (a worker acts only under the epoch it appended, gateways drop
  * pushes of older epochs), so a lost or doubled lease costs an extra takeover, never an entry.
  */
-import type { RedisKeys } from "../protocol/index.js";
+import type { Clock, RedisKeys } from "../protocol/index.js";
 import { scripted, type RedisClient, type ScriptedRedis } from "../protocol/io/index.js";
 
 export type RenewOutcome = "held" | "reacquired" | "lost";
@@ -16,6 +16,8 @@ export class Leases {
     private readonly keys: RedisKeys,
     private readonly owner: string,
     private readonly leaseMs: number,
+    /** Its wall time scores the worker set, which every worker reads: a time the workers share. */
+    private readonly clock: Pick<Clock, "now">,
   ) {
     this.redis = scripted(redis);
   }
@@ -42,12 +44,12 @@ export class Leases {
    * finds its entry expired but an old marker: that is not a loss of the worker set.
    */
   async heartbeat(present = true): Promise<{ live: string[]; redisLost: boolean; since: number }> {
-    const now = Date.now();
+    const now = Math.floor(this.clock.now());
     const key = this.keys.workers();
     // issued together: one auto-pipelined round trip, in order
     const [, sinceValue, , , live] = await Promise.all([
-      this.redis.set(`${key}:since`, String(now), "NX"),
-      this.redis.get(`${key}:since`),
+      this.redis.set(this.keys.workersSince(), String(now), "NX"),
+      this.redis.get(this.keys.workersSince()),
       this.redis.zremrangebyscore(key, "-inf", String(now)),
       // absent: a worker that cannot reach NATS leaves the set, so the others take its share
       present ? this.redis.zadd(key, now + this.leaseMs, this.owner) : this.redis.zrem(key, this.owner),

@@ -7,7 +7,7 @@
 import { hostname } from "node:os";
 import type { AddressInfo } from "node:net";
 import { pino } from "pino";
-import { RedisKeys } from "../protocol/index.js";
+import { RedisKeys, systemClock } from "../protocol/index.js";
 import { loadConfig, DependencyHealth, answerStats, RegistryClient, connectNats, connectRedis, exitOnUnhandledRejection, onShutdownSignal, registryLogging, runAsMain, startOpsHttp } from "../protocol/io/index.js";
 import { GatewayBeats } from "./gateway-beats.js";
 import { WorkerMetrics } from "./metrics.js";
@@ -50,7 +50,7 @@ export async function runWorker(env: Record<string, string | undefined> = proces
   );
   beats.start();
   const worker = new Worker(
-    { nc, redis, keys, registry, metrics, log, workerId, config, pushes },
+    { nc, redis, keys, registry, metrics, log, workerId, config, pushes, clock: systemClock },
     { leaseMs: config.JETGATE_LEASE_MS, nats: { answering: () => health.answering("nats"), silentMs: () => health.silentMs("nats"), timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS } },
   );
   const http = await startOpsHttp(config.JETGATE_WORKER_HTTP_PORT, config.JETGATE_METRICS_HOST, metrics.registry, {

@@ -6,7 +6,7 @@
 import type { Logger } from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { AckPolicy, DeliverPolicy, jetstream, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream";
-import { isWorkerConsumer, processingFloor, shardStream, systemClock, workerConsumerName, type RedisKeys } from "../protocol/index.js";
+import { isWorkerConsumer, processingFloor, shardStream, workerConsumerName, type Clock, type RedisKeys } from "../protocol/index.js";
 import { CONSUME_OPTIONS, logOfStream, type RedisClient, type RegistryClient } from "../protocol/io/index.js";
 import { applyBatch } from "./mailbox-script.js";
 import type { WorkerMetrics } from "./metrics.js";
@@ -24,6 +24,8 @@ export interface WorkerDeps {
   /** Where pushes go: one router for every shard of the worker, flushed after each batch's pushes. */
   pushes: PushSink;
   config: RunnerConfig;
+  /** What the lease loop's ticks and durations and the runners run on (systemClock in production). */
+  clock: Clock;
 }
 
 /**
@@ -117,6 +119,6 @@ export function shardRunnerDeps(d: WorkerDeps, jsm: JetStreamManager, shard: num
     log: d.log,
     workerId: d.workerId,
     config: d.config,
-    clock: systemClock,
+    clock: d.clock,
   };
 }

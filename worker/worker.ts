@@ -10,6 +10,7 @@
 import { createHash } from "node:crypto";
 import type { Logger } from "pino";
 import { jetstreamManager, type JetStreamManager } from "@nats-io/jetstream";
+import type { TimerHandle } from "../protocol/index.js";
 import { writeRefusal } from "../protocol/io/index.js";
 import { Leases } from "./leases.js";
 import { shardRunnerDeps, type WorkerDeps } from "./shard-adapters.js";
@@ -26,6 +27,7 @@ export interface WorkerOptions {
 }
 
 interface Trouble {
+  /** The clock's monotonic ms when it began. */
   since: number;
   message: string;
 }
@@ -42,7 +44,7 @@ function rendezvous(worker: string, shard: number): string {
 export class Worker {
   private readonly runners = new Map<number, ShardRunner>();
   private readonly leases: Leases;
-  private timer: NodeJS.Timeout | undefined;
+  private timer: TimerHandle | undefined;
   private ticking: Promise<void> = Promise.resolve();
   private statusValue: WorkerStatus = { type: "idle" };
   private jsm: JetStreamManager | undefined;
@@ -52,7 +54,12 @@ export class Worker {
     private readonly deps: WorkerDeps,
     private readonly opts: WorkerOptions,
   ) {
-    this.leases = new Leases(deps.redis, deps.keys, deps.workerId, opts.leaseMs);
+    this.leases = new Leases(deps.redis, deps.keys, deps.workerId, opts.leaseMs, deps.clock);
+  }
+
+  /** Whole ms of the clock's monotonic time: the lease loop's durations (a wall clock set back moves none). */
+  private ms(): number {
+    return Math.floor(this.deps.clock.monotonic());
   }
 
   get status(): WorkerStatus {
@@ -81,10 +88,9 @@ export class Worker {
       );
     };
     // lag every second, beside the ticks: a tick that fails (Redis refusing writes) must not freeze it
-    this.observer = setInterval(() => this.observeSoon(), 1000);
-    this.observer.unref();
+    this.observer = this.deps.clock.setInterval(() => this.observeSoon(), 1000);
     run();
-    this.timer = setInterval(() => {
+    this.timer = this.deps.clock.setInterval(() => {
       // One tick at a time: a slow Redis must not stack ticks up.
       void this.ticking.then(() => {
         if (this.statusValue.type === "running") run();
@@ -113,7 +119,7 @@ export class Worker {
       // the set looks nearly empty, and every lease free. Taking shards now would take over live
       // workers' shards (an epoch bump, replays to devices) before they re-take their own leases
       // on their next tick; one lease period gives every live worker that tick.
-      this.settleUntil = Date.now() + this.opts.leaseMs;
+      this.settleUntil = this.ms() + this.opts.leaseMs;
       // Said once per marker; a loss only to a worker that saw an older marker (a fresh Redis, or
       // this worker's first beats, look the same and are no fault)
       if (beat.since !== this.settleSince) {
@@ -127,7 +133,7 @@ export class Worker {
     this.beats++;
     if (!natsOk) return this.withoutNats(beat.live, troubled);
     await this.renewAll(troubled);
-    if (Date.now() < this.settleUntil) return;
+    if (this.ms() < this.settleUntil) return;
     const active = [...this.deps.registry.state.shards.values()].filter((s) => s.status === "active").map((s) => s.shard);
     const target = Math.ceil(active.length / Math.max(1, this.liveWorkers.length));
     const me = this.deps.workerId;
@@ -188,7 +194,7 @@ export class Worker {
   private async run(shard: number, jsm: JetStreamManager): Promise<void> {
     const runner = new ShardRunner(shard, shardRunnerDeps(this.deps, jsm, shard));
     this.runners.set(shard, runner);
-    this.renewedAt.set(shard, Date.now());
+    this.renewedAt.set(shard, this.ms());
     this.deps.metrics.lease.set({ shard: String(shard) }, 1);
     await runner.start();
   }
@@ -212,7 +218,7 @@ export class Worker {
         continue;
       }
       const last = this.renewedAt.get(shard);
-      const now = Date.now();
+      const now = this.ms();
       if (outcome !== "lost") this.renewedAt.set(shard, now);
       if (outcome === "lost") {
         this.deps.log.warn({ shard }, "lease lost to another worker");
@@ -242,7 +248,7 @@ export class Worker {
     const message = err instanceof Error ? err.message : String(err);
     const had = this.troubles.get(kind);
     if (had !== undefined && had.message === message) return;
-    this.troubles.set(kind, { since: had?.since ?? Date.now(), message });
+    this.troubles.set(kind, { since: had?.since ?? this.ms(), message });
     const refusal = writeRefusal(err);
     if (refusal !== undefined) this.deps.log.error({ err: message, refusal }, `${msg}: Redis refuses writes (${refusal})`);
     else this.deps.log.error({ err: message }, msg);
@@ -252,7 +258,7 @@ export class Worker {
     const had = this.troubles.get(kind);
     if (had === undefined) return;
     this.troubles.delete(kind);
-    this.deps.log.info({ kind, failedMs: Date.now() - had.since }, "working again");
+    this.deps.log.info({ kind, failedMs: this.ms() - had.since }, "working again");
   }
 
   private async drop(shard: number, reason: string): Promise<void> {
@@ -300,7 +306,7 @@ export class Worker {
   }
 
   private observing: Promise<void> | undefined;
-  private observer: NodeJS.Timeout | undefined;
+  private observer: TimerHandle | undefined;
 
   /**
    * Lag is read beside the ticks, never in them: its NATS requests wait out their timeout when NATS
@@ -324,8 +330,8 @@ export class Worker {
   async stop(): Promise<void> {
     if (this.statusValue.type === "stopping" || this.statusValue.type === "stopped") return;
     this.statusValue = { type: "stopping" };
-    clearInterval(this.timer);
-    clearInterval(this.observer);
+    this.deps.clock.clearInterval(this.timer);
+    this.deps.clock.clearInterval(this.observer);
     await this.ticking;
     await Promise.all(this.stopping);
     await this.release([...this.runners.keys()], "worker stopping");

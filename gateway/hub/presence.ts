@@ -10,13 +10,7 @@
  */
 import type { NatsConnection, Subscription } from "@nats-io/transport-node";
 import { kickSubject, type RedisKeys } from "../../protocol/index.js";
-import { type RedisClient } from "../../protocol/io/index.js";
-
-
-type PresenceClient = RedisClient & {
-  jgPresenceClaim(key: string, value: string, ttl: number, at: number): Promise<[number, string]>;
-  jgPresenceRelease(key: string, value: string): Promise<number>;
-};
+import { scripted, type RedisClient, type ScriptedRedis } from "../../protocol/io/index.js";
 
 export interface Kick {
   user: string;
@@ -25,7 +19,7 @@ export interface Kick {
 }
 
 export class Presence {
-  private readonly redis: PresenceClient;
+  private readonly redis: ScriptedRedis;
   private sub: Subscription | undefined;
 
   constructor(
@@ -36,7 +30,7 @@ export class Presence {
     private readonly onKick: (k: Kick) => void,
     private readonly ttlS = 86_400,
   ) {
-    this.redis = redis as PresenceClient;
+    this.redis = scripted(redis);
   }
 
   start(): void {

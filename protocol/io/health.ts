@@ -9,6 +9,7 @@
 import type { Logger } from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { Gauge, type Registry } from "prom-client";
+import { systemClock, type Clock, type TimerHandle } from "../clock.js";
 import type { RedisClient } from "./connect.js";
 
 export type Dependency = "nats" | "redis";
@@ -42,14 +43,18 @@ export interface HealthOptions {
   everyMs?: number;
   /** The key the write probe sets (with a short expiry): one per process. */
   redisProbeKey: string;
+  /** What the probes' interval and the silences run on (default: systemClock). */
+  clock?: Clock;
 }
 
 export class DependencyHealth {
   private readonly lastOk: Record<Dependency, number>;
   private readonly inFlight: Record<Dependency, boolean> = { nats: false, redis: false };
   private readonly everyMs: number;
-  private timer: NodeJS.Timeout | undefined;
-  private redisForcedAt = 0;
+  private timer: TimerHandle | undefined;
+  /** When the last reconnect was forced (the clock's monotonic ms). */
+  private redisForcedAt = -Infinity;
+  private readonly clock: Clock;
   private readonly up: Gauge<"dependency"> | undefined;
   private readonly writable: Gauge | undefined;
   private reported: Record<Dependency, boolean> = { nats: true, redis: true };
@@ -62,7 +67,8 @@ export class DependencyHealth {
     private readonly redis: RedisClient,
     private readonly opts: HealthOptions,
   ) {
-    const now = Date.now();
+    this.clock = opts.clock ?? systemClock;
+    const now = this.clock.monotonic();
     // connected a moment ago (start-up waited for both)
     this.lastOk = { nats: now, redis: now };
     this.everyMs = opts.everyMs ?? Math.min(1000, Math.max(50, Math.floor(opts.timeoutMs / 4)));
@@ -85,18 +91,17 @@ export class DependencyHealth {
   }
 
   start(): this {
-    this.timer = setInterval(() => this.probe(), this.everyMs);
-    this.timer.unref();
+    this.timer = this.clock.setInterval(() => this.probe(), this.everyMs);
     return this;
   }
 
   stop(): void {
-    clearInterval(this.timer);
+    this.clock.clearInterval(this.timer);
   }
 
   /** How long since the dependency last answered a probe. */
   silentMs(dep: Dependency): number {
-    return Date.now() - this.lastOk[dep];
+    return Math.round(this.clock.monotonic() - this.lastOk[dep]);
   }
 
   /** Answers probes, and (Redis) accepts writes. */
@@ -143,9 +148,9 @@ export class DependencyHealth {
     }
     const silent = this.silentMs("redis");
     const reconnectAfter = this.opts.timeoutMs * REDIS_RECONNECT_AFTER_TIMEOUTS;
-    if (silent > reconnectAfter && this.redis.status === "ready" && Date.now() - this.redisForcedAt > reconnectAfter) {
+    if (silent > reconnectAfter && this.redis.status === "ready" && this.clock.monotonic() - this.redisForcedAt > reconnectAfter) {
       // nats.js finds a dead connection by its own pings (JETGATE's pingInterval); ioredis never does
-      this.redisForcedAt = Date.now();
+      this.redisForcedAt = this.clock.monotonic();
       this.opts.log.warn({ silentMs: silent }, "redis silent: reconnecting");
       this.redis.disconnect(true);
     }
@@ -181,7 +186,7 @@ export class DependencyHealth {
     this.inFlight[dep] = true;
     roundTrip().then(
       () => {
-        this.lastOk[dep] = Date.now();
+        this.lastOk[dep] = this.clock.monotonic();
         this.inFlight[dep] = false;
       },
       () => {

@@ -27,6 +27,8 @@ const VALID: ClientFrame[] = [
   { t: "ACK", seq: 123n },
   { t: "PULL", id: 1, after: 0n, limit: 10 },
   { t: "SEND", id: 2, cmid: "c1", b: new Uint8Array([1, 2, 3]) },
+  { t: "REFRESH", id: 3, token: "x.y.z" },
+  // AUTH last: the control group below takes every frame but the last
   { t: "AUTH", v: 1, token: "x.y.z", device: "d", cursor: { shard: 0, epoch: 1, log: "abc", seq: 5n, sig: new Uint8Array(16) } },
 ];
 
@@ -53,7 +55,7 @@ const arbCase: fc.Arbitrary<FuzzCase> = fc.record({
     fc.anything({ withBigInt: true, withMap: true, withSet: true, withTypedArray: true, withDate: true, withNullPrototype: true, maxDepth: 4 })
       .map((v) => ({ kind: "random msgpack", data: safePack(v) })),
     fc.record({
-      t: fc.constantFrom("AUTH", "ACK", "PULL", "SEND", "PING", "auth", "", "MSGS", "__proto__"),
+      t: fc.constantFrom("AUTH", "ACK", "PULL", "SEND", "PING", "REFRESH", "auth", "", "MSGS", "__proto__"),
       v: fc.option(fc.oneof(fc.integer(), fc.string(), fc.bigInt())),
       id: fc.option(fc.oneof(fc.integer({ min: -10, max: 2 ** 40 }), fc.double(), fc.string())),
       seq: fc.option(fc.oneof(fc.bigInt({ min: -(2n ** 70n), max: 2n ** 70n }), fc.integer(), fc.string())),

@@ -127,6 +127,23 @@ test("codec - every rejection class gets a FrameError with its reason and code",
   }
 });
 
+test("codec - every frame type of the protocol gets past the type check (the names are read off the unions): a bare frame is valid or invalid_field, never unknown_type", () => {
+  const reasonOf = (decode: () => unknown): string => {
+    try {
+      decode();
+      return "ok";
+    } catch (e) {
+      return e instanceof FrameError ? e.reason : String(e);
+    }
+  };
+  for (const t of ["AUTH", "ACK", "PULL", "SEND", "PING", "REFRESH"]) {
+    assert.match(reasonOf(() => decodeClientFrame(pack({ t }))), /^(ok|invalid_field)$/, t);
+  }
+  for (const t of ["AUTH_OK", "ERROR", "MSGS", "SYNCED", "SEND_OK", "PONG", "GOAWAY", "REFRESH_OK"]) {
+    assert.match(reasonOf(() => decodeServerFrame(pack({ t }))), /^(ok|invalid_field)$/, t);
+  }
+});
+
 test("codec - the SDK side drops unknown keys from gateway frames (forward compatible)", () => {
   const f = decodeServerFrame(pack({ t: "PONG", id: 1, future_field: "x" }));
   assert.deepEqual(f, { t: "PONG", id: 1 });
