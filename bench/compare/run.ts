@@ -4,7 +4,8 @@
  * device load generator (bench/compare/devices.ts, its own process).
  *
  *   npm run bench -- <fanout|hot|idle|storm|catchup> [--devices N] [--users U] [--seconds S] [--entries N]
- *                    [--systems jetgate,uws-limit,jetstream-limit,socketio] [--nodes N] [--shards S] [--json]
+ *                    [--systems jetgate,uws-limit,jetstream-limit,socketio] [--nodes N] [--shards S]
+ *                    [--generators G] [--json]
  *
  * fanout:  N devices (1,000), entries to random users: the throughput each system sustains (sent as
  *          fast as it takes them for S seconds, measured at the devices), then p50/p99
@@ -22,11 +23,14 @@
  * (protocol/stages.ts: p50/p99 per stage at the max and at half load) and the bound at the max.
  * --nodes N: N copies of every process of a system that scales out (bench/compare/systems.ts), S
  * shard streams (default 2N, at least 4), and N device generator processes, each with its share of
- * the devices. BENCH_SOURCE=1 runs jetgate from its sources instead of its build (the test suite).
+ * the devices. --generators G: G device generator processes instead of N (a generator can bound
+ * `hot` before the system does). BENCH_GENERATOR_CPUS=<list> pins the generators to those CPUs
+ * (`taskset`), so that `taskset -c 0,1 npm run bench ...` gives the system two cores and the
+ * devices their own. BENCH_SOURCE=1 runs jetgate from its sources instead of its build (the test suite).
  * With --json: one object per line per system, then a summary line of throughput ratios.
  */
 import { parseFlags, usageError } from "../../protocol/io/index.js";
-import { cpus } from "node:os";
+import { availableParallelism, cpus } from "node:os";
 import { readFileSync } from "node:fs";
 import { execFileSync } from "node:child_process";
 import { LineProcess, PUSH_LATENCY_BOUNDS, SYSTEMS, startSystem, type System, type SystemName } from "./systems.js";
@@ -37,7 +41,7 @@ import { Redis } from "ioredis";
 
 const USAGE = `usage: npm run bench -- <fanout|hot|idle|storm|catchup> [--devices N] [--users U] [--seconds S] [--entries N]
                    [--idle-seconds S] [--deadline-seconds S] [--systems ${SYSTEMS.join(",")}]
-                   [--nodes N] [--shards S] [--probes N] [--json]
+                   [--nodes N] [--shards S] [--generators G] [--probes N] [--json]
   jetgate beside the ceiling of its WebSocket layer, the floor of JetStream and Socket.IO (bench/README.md)`;
 
 const { values, positionals } = parseFlags({
@@ -52,6 +56,7 @@ const { values, positionals } = parseFlags({
     systems: { type: "string", default: SYSTEMS.join(",") },
     nodes: { type: "string", default: "1" },
     shards: { type: "string" },
+    generators: { type: "string" },
     probes: { type: "string", default: "4" },
     json: { type: "boolean", default: false },
   },
@@ -72,9 +77,10 @@ const systems = values.systems.split(",") as SystemName[];
 for (const s of systems) if (!SYSTEMS.includes(s)) throw new Error(`unknown system ${s}; one of ${SYSTEMS.join(", ")}`);
 const nodes = Number(values.nodes);
 const shards = Number(values.shards ?? Math.max(4, 2 * nodes));
+const generators = Number(values.generators ?? nodes);
 const probeCount = Number(values.probes);
 if (!Number.isInteger(probeCount) || probeCount < 1) usageError(`--probes must be a positive integer, got ${values.probes}`, USAGE);
-for (const [flag, v] of [["--nodes", nodes], ["--shards", shards]] as const) {
+for (const [flag, v] of [["--nodes", nodes], ["--shards", shards], ["--generators", generators]] as const) {
   if (!Number.isInteger(v) || v < 1) throw new Error(`${flag} must be a positive integer, got ${String(v)}`);
 }
 if (shards < nodes) throw new Error(`--shards ${shards} gives some of the ${nodes} workers nothing to do: use at least --nodes`);
@@ -207,6 +213,8 @@ class Generators {
     // BENCH_PROFILE=devices: the generators run under --cpu-prof (a generator can be what bounds a run)
     const prof = process.env.BENCH_PROFILE === "devices" ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR ?? "bench/profiles"}`] : [];
     this.procs = Array.from({ length: n }, () => LineProcess.node("bench/compare/devices.ts", [sys.name], {}, prof));
+    const cpuList = process.env.BENCH_GENERATOR_CPUS;
+    if (cpuList) for (const pid of this.pids) execFileSync("taskset", ["-a", "-p", "-c", cpuList, String(pid)], { stdio: "ignore" });
   }
 
   get pids(): number[] {
@@ -340,11 +348,13 @@ function stageSummary(before: Record<string, StageCounts> | undefined, after: Re
 
 /**
  * What bounds a system at its max rate: the machine (every process, the device generators too, at
- * >= 90% of the cores), else a saturated process (>= 85% of a core), else the stage holding the most
- * time at p50 (jetgate; a system without stages: "waiting").
+ * >= 90% of the cores; with the generators pinned apart, BENCH_GENERATOR_CPUS, the system's
+ * processes at >= 90% of the cores left to them), else a saturated process (>= 85% of a core), else
+ * the stage holding the most time at p50 (jetgate; a system without stages: "waiting").
  */
 function boundOf(pcts: { name: string; pct: number }[], cores: number, stages: ReturnType<typeof stageSummary>): string {
-  const total = pcts.reduce((n, p) => n + p.pct, 0);
+  const apart = process.env.BENCH_GENERATOR_CPUS ? (p: { name: string }) => !p.name.startsWith("devices") : () => true;
+  const total = pcts.filter(apart).reduce((n, p) => n + p.pct, 0);
   if (total >= 90 * cores) return `machine (${total}% of ${cores} cores)`;
   const busiest = [...pcts].sort((a, b) => b.pct - a.pct)[0];
   if (busiest !== undefined && busiest.pct >= 85) return `process ${busiest.name} (${busiest.pct}% of a core)`;
@@ -464,9 +474,9 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
   // dispatch -> worker's push and dispatch -> gateway (the processes' push latency histograms, their bucket bounds) at half load
   const pushQuantile = (q: number, prefix: "push" | "wpush" = "push") => pushQuantileOf(countersBeforeHalf, countersHalf, q, prefix);
   return {
-    scenario, system: sys.name, nodes, devices, ...(users < devices ? { users, dispatched_per_s: Math.round(rate / (devices / users)) } : {}),
+    scenario, system: sys.name, nodes, ...(generators !== nodes ? { generators } : {}), devices, ...(users < devices ? { users, dispatched_per_s: Math.round(rate / (devices / users)) } : {}),
     entries_per_s: rate, sustained_per_s: fair.rate, probes: fair.probes, p50_ms: quantile(half.hist, 0.5), p99_ms: quantile(half.hist, 0.99),
-    bound: boundOf(cpuMax.pcts, cpus().length, stagesMax), stages_max: stagesMax, stages_half: stagesHalf,
+    bound: boundOf(cpuMax.pcts, process.env.BENCH_GENERATOR_CPUS ? availableParallelism() : cpus().length, stagesMax), stages_max: stagesMax, stages_half: stagesHalf,
     gap_fills_half: countersBeforeHalf !== undefined && countersHalf !== undefined ? countersHalf.gapFills! - countersBeforeHalf.gapFills! : undefined,
     server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu_max: cpuMax.shares, cpu_procs: cpuMax.procs, us_per_entry: cpuMax.usPerEntry, us_per_process: cpuMax.usPerProcess,
     nats_msgs_per_entry: natsPerEntry, ...redis,
@@ -548,11 +558,13 @@ if (systems.includes("jetgate") && process.env.BENCH_SOURCE !== "1") {
 
 const rows: Row[] = [];
 const natsVersion = execFileSync(NATS_BIN, ["--version"], { encoding: "utf8" }).trim().replace(/^nats-server: /, "");
-const machine = `${cpus().length} cores (${cpus()[0]?.model.trim()}), node ${process.version}, nats-server ${natsVersion}`;
+// availableParallelism follows the CPU affinity (`taskset`): the cores the system's processes may use
+const usable = availableParallelism() < cpus().length ? `, ${availableParallelism()} of them for the system` : "";
+const machine = `${cpus().length} cores (${cpus()[0]?.model.trim()})${usable}, node ${process.version}, nats-server ${natsVersion}`;
 if (!values.json) console.log(`bench ${scenario}: ${devices} devices, ${nodes} node(s); ${machine}; ${new Date().toISOString()}`);
 for (const name of systems) {
   const sys = await startSystem(name, { nodes, shards });
-  const gens = new Generators(sys, nodes);
+  const gens = new Generators(sys, generators);
   try {
     const row = scenario === "fanout" || scenario === "hot" ? await fanout(sys, gens)
       : scenario === "idle" ? await idle(sys, gens)
