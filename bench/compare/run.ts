@@ -80,7 +80,8 @@ const shards = Number(values.shards ?? Math.max(4, 2 * nodes));
 const generators = Number(values.generators ?? nodes);
 const probeCount = Number(values.probes);
 if (!Number.isInteger(probeCount) || probeCount < 1) usageError(`--probes must be a positive integer, got ${values.probes}`, USAGE);
-for (const [flag, v] of [["--nodes", nodes], ["--shards", shards], ["--generators", generators]] as const) {
+if (!Number.isInteger(generators) || generators < 1) usageError(`--generators must be a positive integer, got ${String(values.generators)}`, USAGE);
+for (const [flag, v] of [["--nodes", nodes], ["--shards", shards]] as const) {
   if (!Number.isInteger(v) || v < 1) throw new Error(`${flag} must be a positive integer, got ${String(v)}`);
 }
 if (shards < nodes) throw new Error(`--shards ${shards} gives some of the ${nodes} workers nothing to do: use at least --nodes`);

@@ -49,6 +49,13 @@ test("cli - npm passes --help through: `npm run dispatch -- --help` exits 0", as
   assert.match(r.stdout, /^usage: npm run dispatch/);
 });
 
+test("cli - npm run bench with a bad --generators names it, with the usage (64), before starting anything", async () => {
+  const r = await node("bench/compare/run.ts")(["hot", "--generators", "0"]);
+  assert.equal(r.code, 64, r.stdout + r.stderr);
+  assert.match(r.stderr, /--generators must be a positive integer, got 0\nusage:/);
+  assert.doesNotMatch(r.stderr, STACK);
+});
+
 test("cli - jetgate with an unknown command names it (64)", async () => {
   const r = await run(process.execPath, ["bin/jetgate.mjs", "shard", "explode", "1"]);
   assert.equal(r.code, 64);
