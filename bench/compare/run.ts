@@ -78,6 +78,8 @@ for (const s of systems) if (!SYSTEMS.includes(s)) throw new Error(`unknown syst
 const nodes = Number(values.nodes);
 const shards = Number(values.shards ?? Math.max(4, 2 * nodes));
 const generators = Number(values.generators ?? nodes);
+/** CPUs the device generators are pinned to (`taskset` list), apart from the system's. */
+const generatorCpus = process.env.BENCH_GENERATOR_CPUS || undefined;
 const probeCount = Number(values.probes);
 if (!Number.isInteger(probeCount) || probeCount < 1) usageError(`--probes must be a positive integer, got ${values.probes}`, USAGE);
 if (!Number.isInteger(generators) || generators < 1) usageError(`--generators must be a positive integer, got ${String(values.generators)}`, USAGE);
@@ -214,8 +216,7 @@ class Generators {
     // BENCH_PROFILE=devices: the generators run under --cpu-prof (a generator can be what bounds a run)
     const prof = process.env.BENCH_PROFILE === "devices" ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR ?? "bench/profiles"}`] : [];
     this.procs = Array.from({ length: n }, () => LineProcess.node("bench/compare/devices.ts", [sys.name], {}, prof));
-    const cpuList = process.env.BENCH_GENERATOR_CPUS;
-    if (cpuList) for (const pid of this.pids) execFileSync("taskset", ["-a", "-p", "-c", cpuList, String(pid)], { stdio: "ignore" });
+    if (generatorCpus) for (const pid of this.pids) execFileSync("taskset", ["-a", "-p", "-c", generatorCpus, String(pid)], { stdio: "ignore" });
   }
 
   get pids(): number[] {
@@ -354,7 +355,7 @@ function stageSummary(before: Record<string, StageCounts> | undefined, after: Re
  * the stage holding the most time at p50 (jetgate; a system without stages: "waiting").
  */
 function boundOf(pcts: { name: string; pct: number }[], cores: number, stages: ReturnType<typeof stageSummary>): string {
-  const apart = process.env.BENCH_GENERATOR_CPUS ? (p: { name: string }) => !p.name.startsWith("devices") : () => true;
+  const apart = generatorCpus ? (p: { name: string }) => !p.name.startsWith("devices") : () => true;
   const total = pcts.filter(apart).reduce((n, p) => n + p.pct, 0);
   if (total >= 90 * cores) return `machine (${total}% of ${cores} cores)`;
   const busiest = [...pcts].sort((a, b) => b.pct - a.pct)[0];
@@ -477,7 +478,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
   return {
     scenario, system: sys.name, nodes, ...(generators !== nodes ? { generators } : {}), devices, ...(users < devices ? { users, dispatched_per_s: Math.round(rate / (devices / users)) } : {}),
     entries_per_s: rate, sustained_per_s: fair.rate, probes: fair.probes, p50_ms: quantile(half.hist, 0.5), p99_ms: quantile(half.hist, 0.99),
-    bound: boundOf(cpuMax.pcts, process.env.BENCH_GENERATOR_CPUS ? availableParallelism() : cpus().length, stagesMax), stages_max: stagesMax, stages_half: stagesHalf,
+    bound: boundOf(cpuMax.pcts, generatorCpus ? availableParallelism() : cpus().length, stagesMax), stages_max: stagesMax, stages_half: stagesHalf,
     gap_fills_half: countersBeforeHalf !== undefined && countersHalf !== undefined ? countersHalf.gapFills! - countersBeforeHalf.gapFills! : undefined,
     server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu_max: cpuMax.shares, cpu_procs: cpuMax.procs, us_per_entry: cpuMax.usPerEntry, us_per_process: cpuMax.usPerProcess,
     nats_msgs_per_entry: natsPerEntry, ...redis,
