@@ -1,7 +1,8 @@
 /**
  * Gateway process. Settings from the environment (docs/config.md).
  * SIGTERM/SIGINT: readiness goes false, GOAWAY to every device, connections closed (1001) in waves
- * over JETGATE_DRAIN_MS, then exit 0.
+ * over JETGATE_DRAIN_MS, then exit 0. SIGHUP: the service tokens are read again (as when
+ * JETGATE_SERVICE_TOKENS_FILE changes); no connection is touched.
  */
 import { randomBytes } from "node:crypto";
 import type { AddressInfo } from "node:net";
@@ -24,6 +25,8 @@ import { lookupUser, type UsersApiDeps } from "./http/users-api.js";
 import { NatsPushSource } from "./hub/push-source.js";
 import { RouteTable } from "./hub/routes.js";
 import { startServer } from "./http/server.js";
+import { ServiceAuth } from "./http/service-auth.js";
+import { ServiceTokensSource } from "./http/service-tokens-source.js";
 import type { Session } from "./session/session.js";
 import { SessionRegistry } from "./hub/sessions.js";
 import { loadUws } from "./uws.js";
@@ -36,12 +39,27 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   exitOnUnhandledRejection("gateway");
   const log = pino({ level: config.JETGATE_LOG_LEVEL, base: { component: "gateway", gateway: gatewayId } });
   const { uws, binary } = loadUws();
+  const metrics = new GatewayMetrics();
+  // the audit trail (the users API's calls, the service tokens' reloads) is written whatever level
+  // the other lines are kept to, unless logging is off
+  const audit = log.child({ audit: true }, { level: config.JETGATE_LOG_LEVEL === "silent" ? "silent" : "info" });
+  // a tokens file that cannot be used stops the gateway here, before it connects to anything
+  const serviceTokens = new ServiceTokensSource(config.JETGATE_SERVICE_TOKENS_FILE, config.JETGATE_SERVICE_TOKEN, audit, {
+    reloaded: (outcome) => metrics.serviceTokenReloads.inc({ outcome }),
+    inForce: (table) => {
+      metrics.serviceTokens.set(table.size);
+      metrics.serviceTokenNotAfter.reset();
+      for (const t of table.tokens) if (t.notAfter !== undefined) metrics.serviceTokenNotAfter.set({ token: t.name }, Math.floor(t.notAfter / 1000));
+    },
+  });
+  serviceTokens.watch();
+  process.on("SIGHUP", () => serviceTokens.reload("SIGHUP"));
+  const serviceAuth = new ServiceAuth(() => serviceTokens.table, config.JETGATE_ENV === "production", (client) => log.warn({ client }, "too many wrong service tokens from this address: its wrong tokens are answered 429 for a while (right ones are still served)"));
   const nc = await connectNats(config, `jetgate-gateway-${gatewayId}`);
   const redis = connectRedis(config, `jetgate-gateway-${gatewayId}`);
   redis.on("error", (err: Error) => log.warn({ err: err.message }, "redis error"));
   const registry = await RegistryClient.open(nc, { ...registryLogging(log), lagMs: config.JETGATE_FAULT_REGISTRY_LAG_MS, loadTimeoutMs: 10_000 + config.JETGATE_FAULT_REGISTRY_LAG_MS });
   const keys = new RedisKeys(config.JETGATE_REDIS_PREFIX);
-  const metrics = new GatewayMetrics();
   metrics.uwsBinary.set({ binary: basename(binary) }, 1);
   const health = new DependencyHealth(nc, redis, {
     timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, log, metrics: { registry: metrics.registry, prefix: "jetgate_gateway_" },
@@ -122,8 +140,8 @@ export async function runGateway(env: Record<string, string | undefined> = proce
     gatewayId, nc, jsm: () => (jsm ??= jetstreamManager(nc)), redis, keys, registry, opsKeys: config.JETGATE_OPS_KEY,
     lookupUser: (user: string) => lookupUser({ nc, redis, keys, registry, mailbox, roster, timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS }, user),
   };
-  const usersApi: UsersApiDeps = { config, nc, redis, keys, revocationStore, registry, mailbox, cursors: ctx.cursors, metrics, roster, timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS };
-  const server = await startServer(uws, config, ctx, dispatcher, () => health.problems(), admin, usersApi);
+  const usersApi: UsersApiDeps = { config, nc, redis, keys, revocationStore, registry, mailbox, cursors: ctx.cursors, metrics, roster, timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, log, audit };
+  const server = await startServer(uws, config, ctx, dispatcher, serviceAuth, () => health.problems(), admin, usersApi);
   log.info({ port: server.port, opsPort: (ops.address() as AddressInfo).port, uws: basename(binary) }, "gateway listening");
 
   const shutdown = (signal: string) => {
@@ -142,6 +160,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       }
       server.stopListening();
       ops.close();
+      serviceTokens.stop();
       dispatcher.close();
       presence.stop();
       control.stop();

@@ -26,8 +26,11 @@ export class GatewayMetrics {
   readonly rateLimited: Counter;
   readonly closes: Counter<"code">;
   readonly regressions: Counter<"component">;
-  readonly dispatchRequests: Counter<"status">;
-  readonly usersApiRequests: Counter<"path" | "status">;
+  readonly dispatchRequests: Counter<"status" | "token">;
+  readonly usersApiRequests: Counter<"path" | "status" | "token">;
+  readonly serviceTokenReloads: Counter<"outcome">;
+  readonly serviceTokens: Gauge;
+  readonly serviceTokenNotAfter: Gauge<"token">;
   readonly refusedUpgrades: Counter<"reason">;
   readonly tailFills: Counter;
   readonly devicesEvicted: Counter;
@@ -74,8 +77,11 @@ export class GatewayMetrics {
     this.rateLimited = c("jetgate_gateway_rate_limited_total", "Frames refused by rate limits.");
     this.closes = c("jetgate_gateway_closes_total", "Connections closed by the gateway, by close code.", ["code"]);
     this.regressions = c("jetgate_mailbox_seq_regression_total", "A seq to send at or below the last sent on its connection: dropped (must stay 0).", ["component"]);
-    this.usersApiRequests = c("jetgate_gateway_users_api_requests_total", "Users API requests (disconnect, revoke, presence, mailbox) by route and HTTP status.", ["path", "status"]);
-    this.dispatchRequests = c("jetgate_gateway_dispatch_requests_total", "POST /v1/dispatch requests by HTTP status.", ["status"]);
+    this.usersApiRequests = c("jetgate_gateway_users_api_requests_total", "Users API requests (disconnect, revoke, presence, mailbox, entries) by route, HTTP status and service token name (empty: no token of this gateway's).", ["path", "status", "token"]);
+    this.dispatchRequests = c("jetgate_gateway_dispatch_requests_total", "POST /v1/dispatch and /v1/dispatch/batch requests by HTTP status and service token name (empty: no token of this gateway's).", ["status", "token"]);
+    this.serviceTokenReloads = c("jetgate_gateway_service_token_reloads_total", "Reloads of the service tokens (SIGHUP, or JETGATE_SERVICE_TOKENS_FILE changed), by outcome (ok; error: the tokens in force stayed).", ["outcome"]);
+    this.serviceTokens = new Gauge({ name: "jetgate_gateway_service_tokens", help: "Service tokens this gateway takes now (JETGATE_SERVICE_TOKEN and the tokens file).", registers });
+    this.serviceTokenNotAfter = new Gauge({ name: "jetgate_gateway_service_token_not_after_seconds", help: "Unix time after which a service token of the tokens file is refused (its not_after), by name.", labelNames: ["token"], registers });
     this.refusedUpgrades = c("jetgate_gateway_refused_upgrades_total", "WebSocket upgrades refused before a session, by reason (per_ip, dependency).", ["reason"]);
     this.tailFills = c("jetgate_gateway_tail_fills_total", "Live sessions found behind their user's head, and filled: by the periodic tail check (a lost last push), or after their user's route was registered again (Redis had lost it).");
     this.devicesEvicted = c("jetgate_gateway_device_state_evicted_total", "Devices whose stored ACK state was dropped for a newer device of the same user (JETGATE_MAX_DEVICES_PER_USER).");

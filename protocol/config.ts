@@ -203,7 +203,10 @@ export const envSchema = z.object({
   JETGATE_CURSOR_KEYS: keyList,
   /** Signs the processes' answers on jetgate.ops.stats; the console takes only signed ones when set. */
   JETGATE_OPS_KEY: keyList,
+  /** The HTTP API's bearer token with every scope (named `default`); beside or instead of the tokens file. */
   JETGATE_SERVICE_TOKEN: optionalStr,
+  /** Named service tokens with scopes (YAML or JSON: name, sha256, scopes, not_after), reloaded on SIGHUP or change. */
+  JETGATE_SERVICE_TOKENS_FILE: optionalStr,
   /** Requests per second (and burst) this gateway takes on the users API (/v1/users/..., /v1/presence). */
   JETGATE_USERS_API_RATE_PER_S: int(1, 100_000, 200),
   /** Turns the operator console on (`/admin/`, read-only) and is the bearer token it needs. */
@@ -240,24 +243,25 @@ export const envSchema = z.object({
 export type Env = z.output<typeof envSchema>;
 export const ENV_VARS = Object.keys(envSchema.shape) as (keyof Env)[];
 
-/** Least length and estimated entropy of a production admin token. */
-export const ADMIN_TOKEN_MIN_LENGTH = 32;
-export const ADMIN_TOKEN_MIN_BITS = 96;
+/** Least length and estimated entropy of a production secret token (the console's, a service token). */
+export const SECRET_TOKEN_MIN_LENGTH = 32;
+export const SECRET_TOKEN_MIN_BITS = 96;
 
 /**
- * Why a token is too weak to guard the console in production, or undefined. Its entropy is
+ * Why a token is too weak to guard the console or the HTTP API in production, or undefined. Its
+ * entropy is
  * estimated from its own characters (Shannon, per character, times its length): a random base64 or
  * hex string of 32 characters passes, `aaaa...` or a word repeated does not. An estimate, not a
  * proof: it only keeps out what any guesser would try first.
  */
-export function adminTokenProblem(token: string): string | undefined {
-  if (token.length < ADMIN_TOKEN_MIN_LENGTH) return `must be at least ${ADMIN_TOKEN_MIN_LENGTH} characters (has ${token.length})`;
+export function tokenStrengthProblem(token: string): string | undefined {
+  if (token.length < SECRET_TOKEN_MIN_LENGTH) return `must be at least ${SECRET_TOKEN_MIN_LENGTH} characters (has ${token.length})`;
   const counts = new Map<string, number>();
   for (const ch of token) counts.set(ch, (counts.get(ch) ?? 0) + 1);
   let perChar = 0;
   for (const n of counts.values()) perChar -= (n / token.length) * Math.log2(n / token.length);
   const bits = Math.floor(perChar * token.length);
-  return bits < ADMIN_TOKEN_MIN_BITS ? `looks guessable (about ${bits} bits from ${counts.size} distinct characters; at least ${ADMIN_TOKEN_MIN_BITS} are required)` : undefined;
+  return bits < SECRET_TOKEN_MIN_BITS ? `looks guessable (about ${bits} bits from ${counts.size} distinct characters; at least ${SECRET_TOKEN_MIN_BITS} are required)` : undefined;
 }
 
 /** Development-only secrets: never used when JETGATE_ENV=production (the real ones are required). */
@@ -302,17 +306,20 @@ export function parseConfig(env: Record<string, string | undefined>, role: Confi
       if (c.JETGATE_FAULT_AUTH_PAUSE_MS !== 0) problems.push("JETGATE_FAULT_AUTH_PAUSE_MS: test-only; refused when JETGATE_ENV=production");
       if (c.JETGATE_FAULT_REGISTRY_LAG_MS !== 0) problems.push("JETGATE_FAULT_REGISTRY_LAG_MS: test-only; refused when JETGATE_ENV=production");
       if (c.JETGATE_DEMO_DIR !== undefined) problems.push("JETGATE_DEMO_DIR: the demo page hands out tokens; refused when JETGATE_ENV=production");
-      const weak = c.JETGATE_ADMIN_TOKEN === undefined ? undefined : adminTokenProblem(c.JETGATE_ADMIN_TOKEN);
+      const weak = c.JETGATE_ADMIN_TOKEN === undefined ? undefined : tokenStrengthProblem(c.JETGATE_ADMIN_TOKEN);
       if (weak !== undefined) problems.push(`JETGATE_ADMIN_TOKEN: ${weak} when JETGATE_ENV=production (make one with: openssl rand -base64 32)`);
+      const weakService = role !== "gateway" || c.JETGATE_SERVICE_TOKEN === undefined ? undefined : tokenStrengthProblem(c.JETGATE_SERVICE_TOKEN);
+      if (weakService !== undefined) problems.push(`JETGATE_SERVICE_TOKEN: ${weakService} when JETGATE_ENV=production (make one with: jetgate token new, or openssl rand -base64 32)`);
     }
     if (c.JETGATE_JWT_PREVIOUS_SECRET !== undefined && c.JETGATE_JWT_SECRET === undefined) problems.push("JETGATE_JWT_PREVIOUS_SECRET: needs JETGATE_JWT_SECRET");
     const natsAuth = (["JETGATE_NATS_USER", "JETGATE_NATS_TOKEN", "JETGATE_NATS_CREDS_FILE", "JETGATE_NATS_NKEY_SEED_FILE"] as const).filter((k) => c[k] !== undefined);
     if (natsAuth.length > 1) problems.push(`${natsAuth[1]}: set one NATS authentication (${natsAuth.join(", ")} are all set)`);
     if (c.JETGATE_NATS_PASS !== undefined && c.JETGATE_NATS_USER === undefined) problems.push("JETGATE_NATS_PASS: needs JETGATE_NATS_USER");
     // A secret file that cannot be read is a configuration error, named, at start (not at connect).
-    for (const k of ["JETGATE_NATS_CREDS_FILE", "JETGATE_NATS_NKEY_SEED_FILE", "JETGATE_NATS_CA_FILE", "JETGATE_REDIS_CA_FILE", "JETGATE_JWT_PUBLIC_KEYS_FILE"] as const) {
+    for (const k of ["JETGATE_NATS_CREDS_FILE", "JETGATE_NATS_NKEY_SEED_FILE", "JETGATE_NATS_CA_FILE", "JETGATE_REDIS_CA_FILE", "JETGATE_JWT_PUBLIC_KEYS_FILE", "JETGATE_SERVICE_TOKENS_FILE"] as const) {
       const f = c[k];
-      if (f === undefined) continue;
+      // only a gateway reads the tokens file; a worker given the gateways' settings never opens it
+      if (f === undefined || (k === "JETGATE_SERVICE_TOKENS_FILE" && role !== "gateway")) continue;
       const why = unreadable(f);
       if (why !== undefined) problems.push(`${k}: cannot read ${f} (${why})`);
     }

@@ -20,7 +20,8 @@ export { ALL_PUSH_SUBJECTS, BROADCAST_PUSH_SUBJECT, CONTROL_SUBJECTS, entryMsgId
 export { MsgpackDecodeError, MsgpackWriter, pack, unpackOne } from "./msgpack.js";
 export { CURSOR_SIG_BYTES, MAX_BODY_BYTES, MAX_TOKEN_LENGTH, type AckFrame, type AuthFrame, type ClientFrame, type CursorToken, type DeviceCursor, type Entry, type ErrorFrame, type PullFrame, type RefreshFrame, type SendFrame, type ServerFrame } from "./frames.js";
 export { decodeClientFrame, decodeServerFrame, encodeEntry, encodeFrame, encodeMsgsFrame, FrameError } from "./codec.js";
-export { adminTokenProblem, ConfigError, DEV_JWT_SECRET, ENV_VARS, type Config, type ConfigRole } from "./config.js";
+export { SCOPE_ROUTES, SERVICE_SCOPES, serviceTokenHash, ServiceTokensError, ServiceTokenTable, SINGLE_TOKEN_NAME, type ServiceScope, type ServiceToken } from "./service-tokens.js";
+export { tokenStrengthProblem, ConfigError, DEV_JWT_SECRET, ENV_VARS, type Config, type ConfigRole } from "./config.js";
 export { countLabel, HASH_SPACE, rangeLabel, userHash } from "./hash.js";
 export { applyRecord, bigintsAsStrings, bumpEpoch, claimEpoch, decodeRecord, deriveSeq, EMPTY_REGISTRY, encodeRecord, entryOwner, evenRange, halfRange, initialShards, isClaimed, planTakeover, RegistryError, registryRecord, releaseEpoch, ShardMap, splitShard, type EpochBoundary, type RegistryRecord, type RegistryState, type ShardState, type TakeoverPlan } from "./registry-model.js";
 export { decodeCacheRecord, decodePushBatch, decodeStoredEntry, encodePush, encodePushBatch, encodeStoredEntry, EntryFormatError, type Push } from "./entry.js";

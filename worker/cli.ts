@@ -7,9 +7,10 @@
  * usage text, the check of a command's name and the dispatch all come from that table, so a new
  * command is one new row (and its line in docs/operations.md).
  */
+import { randomBytes } from "node:crypto";
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { ConfigError, bigintsAsStrings, countLabel, rangeLabel, MAX_OFFSET, seqLabel, type Config } from "../protocol/index.js";
+import { ConfigError, SERVICE_SCOPES, serviceTokenHash, ServiceTokensError, ServiceTokenTable, bigintsAsStrings, countLabel, rangeLabel, MAX_OFFSET, seqLabel, type Config } from "../protocol/index.js";
 import { RegistryClient, connectNats, loadConfig, wantsHelp, withLocalStack } from "../protocol/io/index.js";
 import { initRegistry } from "./registry-init.js";
 import { runWorker } from "./main.js";
@@ -94,6 +95,12 @@ export const COMMANDS: readonly Command[] = [
         return failover(ctx, intFlag("epoch-margin", values["epoch-margin"], 100));
       });
     },
+  },
+  {
+    name: "token new",
+    args: "--name <name> --scopes <scope,...> [--not-after <iso-time>]",
+    description: `make a service token (scopes: ${SERVICE_SCOPES.join(" ")}): the token once, and its tokens-file entry`,
+    run: (args, o) => Promise.resolve(tokenNew(args, o.out)),
   },
   {
     name: "worker",
@@ -247,6 +254,37 @@ async function registryShow(nc: NatsConnection, json: boolean, out: (line: strin
   } finally {
     await registry.close();
   }
+}
+
+/**
+ * A new service token: 32 random bytes (256 bits, far over the 96 production asks), printed once,
+ * and the entry that names it in JETGATE_SERVICE_TOKENS_FILE (its SHA-256, never the token). The
+ * entry is checked as the gateway will read it, so a bad name or scope is told here.
+ */
+function tokenNew(args: string[], out: (line: string) => void): number {
+  const { values } = parse({ args, options: { name: { type: "string" }, scopes: { type: "string" }, "not-after": { type: "string" } }, strict: true });
+  if (values.name === undefined || values.scopes === undefined) throw new UsageError(`--name and --scopes are required (scopes: ${SERVICE_SCOPES.join(", ")})\n${USAGE}`);
+  const token = randomBytes(32).toString("base64url");
+  const entry = {
+    name: values.name,
+    sha256: serviceTokenHash(token),
+    scopes: values.scopes.split(",").map((s) => s.trim()).filter((s) => s !== ""),
+    ...(values["not-after"] !== undefined ? { not_after: values["not-after"] } : {}),
+  };
+  try {
+    ServiceTokenTable.from(JSON.stringify({ tokens: [entry] }), undefined);
+  } catch (err) {
+    if (err instanceof ServiceTokensError) throw new UsageError(err.problems.map((p) => p.replace(/^tokens\.0\./, "--").replace("--not_after", "--not-after")).join("\n"));
+    throw err;
+  }
+  out(`token: ${token}`);
+  out("  give it to the backend as its bearer token; it is shown only now (the file keeps its hash)");
+  out("entry for JETGATE_SERVICE_TOKENS_FILE (under `tokens:`):");
+  out(`  - name: ${entry.name}`);
+  out(`    sha256: "${entry.sha256}"`); // quoted: YAML would read an all-digit hash as a number
+  out(`    scopes: [${entry.scopes.join(", ")}]`);
+  if (entry.not_after !== undefined) out(`    not_after: "${entry.not_after}"`);
+  return 0;
 }
 
 export class UsageError extends Error {

@@ -1,11 +1,20 @@
 /**
  * Bearer tokens: `Authorization: Bearer <token>` (the scheme in any case, RFC 9110 11.1) checked in
  * constant time, so how long it takes tells nothing of the token; and wrong tokens throttled per
- * client address (the console's admin token, the service token of the dispatch and users APIs).
+ * client address (the console's admin token; the service tokens of the dispatch and users APIs,
+ * gateway/http/service-auth.ts). A right token is never refused for the wrong ones sent from its
+ * address: only a wrong one is answered 429 while the address is held off.
  */
 import { TokenBucket } from "../rate-limit.js";
 
 const SCHEME = "bearer ";
+
+/** The token of an `Authorization: Bearer <token>` header; undefined for another scheme or none. */
+export function bearerToken(header: string): string | undefined {
+  if (header.slice(0, SCHEME.length).toLowerCase() !== SCHEME) return undefined;
+  const token = header.slice(SCHEME.length);
+  return token === "" ? undefined : token;
+}
 
 export function bearerMatches(header: string, token: string): boolean {
   const scheme = header.slice(0, SCHEME.length).toLowerCase() === SCHEME;

@@ -16,6 +16,7 @@ import {
   idSchema,
   type IdKind,
   MAX_RECIPIENTS,
+  SERVICE_SCOPES,
 } from "../../protocol/index.js";
 
 /** Field names, the three ids, punctuation and whitespace around them. */
@@ -191,6 +192,7 @@ export const DispatchBatchAnswerSchema = z.object({ dispatches: z.array(Dispatch
 export const DispatchErrorSchema = z.object({
   error: z.string().meta({ description: "`<field>: <reason>` for bad input" }),
   field: z.string().optional().meta({ description: "The bad field's path (`recipients.3`, `dispatches.1.lane`); absent when the body as a whole is bad (not JSON, nested too deep)." }),
+  scope: z.enum(SERVICE_SCOPES).optional().meta({ description: "403 only: the scope the service token lacks." }),
 });
 /** 503: NATS is down (with `code` and Retry-After), or the API is off (no JETGATE_SERVICE_TOKEN). */
 export const DispatchUnavailableSchema = z.object({ error: z.string(), code: z.literal("DISPATCH_UNAVAILABLE").optional() });

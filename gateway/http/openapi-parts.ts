@@ -4,6 +4,7 @@
  * another's module for its helpers.
  */
 import { z } from "zod";
+import type { ServiceScope } from "../../protocol/index.js";
 
 export type Json = Record<string, unknown>;
 /** An OpenAPI Path Item Object (`{get: {...}, post: {...}}`), as plain JSON. */
@@ -37,4 +38,12 @@ export function inlineSchema(schema: z.ZodType, io: "input" | "output" = "output
 /** A response or request body of one media type. */
 export function jsonContent(schema: Json, example?: unknown, type = "application/json"): Json {
   return { content: { [type]: { schema, ...(example !== undefined ? { example } : {}) } } };
+}
+
+/** What the service token answers say, the same on every route of the HTTP API. */
+export const UNAUTHORIZED =
+  "Missing or wrong bearer token; a token of the tokens file past its `not_after` (the message names it); with JETGATE_ENV=production, a tokens-file token under 96 bits (estimated), named.";
+export const RIGHT_TOKEN_SERVED = "A right token is served whatever else its address sent: only wrong ones are held off.";
+export function forbidden(scope: ServiceScope): string {
+  return `A right service token without the scope \`${scope}\`: \`error\` names the token, its scopes and what \`${scope}\` opens; \`scope\` is \`${scope}\`. Nothing was done.`;
 }

@@ -5,10 +5,10 @@
  * test/unit/openapi.test.ts fails when that copy is stale.
  */
 import { z } from "zod";
-import { MAX_RECIPIENTS } from "../../protocol/index.js";
+import { MAX_RECIPIENTS, SCOPE_ROUTES, SERVICE_SCOPES } from "../../protocol/index.js";
 import { ReadyzSchema } from "../../protocol/io/index.js";
 import { ADMIN_OPENAPI } from "./admin-openapi.js";
-import { inlineSchema, jsonContent, ref, type ComponentSchema, type Json, type OpenApiExtension, type PathItem } from "./openapi-parts.js";
+import { forbidden, inlineSchema, jsonContent, ref, RIGHT_TOKEN_SERVED, UNAUTHORIZED, type ComponentSchema, type Json, type OpenApiExtension, type PathItem } from "./openapi-parts.js";
 import { USERS_OPENAPI } from "./users-openapi.js";
 import {
   DispatchAnswerSchema,
@@ -66,16 +66,18 @@ function dispatchOperation(batch: boolean): Json {
     description: batch
       ? `At most ${MAX_BATCH_DISPATCHES} dispatches and ${MAX_RECIPIENTS} recipients over all of them. Every dispatch is validated before any is appended: one bad dispatch refuses the whole batch. A user's entries are appended in array order.`
       : "The body is read as JSON whatever its Content-Type.",
-    security: [{ serviceToken: [] }],
+    security: [{ serviceToken: ["dispatch"] }],
+    "x-jetgate-scope": "dispatch",
     requestBody: { required: true, ...jsonContent(ref(batch ? "DispatchBatchRequest" : "DispatchRequest"), batch ? BATCH_EXAMPLE : EXAMPLE) },
     responses: {
       "200": { description: "Every recipient's entry was appended.", ...jsonContent(ref(batch ? "DispatchBatchAnswer" : "DispatchAnswer")) },
       "400": error(
         `Bad input, nothing published: \`error\` is \`<field>: <reason>\` and \`field\` names ${fieldPath}. Also as soon as the bytes show a shape no request has (nested too deep, more than 8 fields, more than ${MAX_RECIPIENTS} recipients), and for a body that is not JSON (no \`field\`).`,
       ),
-      "401": error("Missing or wrong bearer token."),
+      "401": error(UNAUTHORIZED),
+      "403": error(forbidden("dispatch")),
       "429": {
-        ...error("Too many wrong bearer tokens from this client address (10, then one every 6 s, counted with the users API's): try again after Retry-After seconds. Nothing was read or appended."),
+        ...error(`A wrong bearer token from a client address that sent too many (10, then one every 6 s, counted with the users API's): try again after Retry-After seconds. Nothing was read or appended. ${RIGHT_TOKEN_SERVED}`),
         headers: { "Retry-After": { description: "Seconds to wait.", schema: { type: "integer", minimum: 1 } } },
       },
       "413": error(
@@ -89,7 +91,7 @@ function dispatchOperation(batch: boolean): Json {
       },
       "503": {
         description:
-          "NATS is down (lost and reconnecting, or closed), or the gateway's dispatch queue has no room for the whole request (JETGATE_DISPATCH_QUEUE_BYTES: NATS slow or stalled, or many large requests at once): nothing was published, `code` is DISPATCH_UNAVAILABLE, `error` says which; retry after Retry-After seconds with the same dispatch_id. Bad input is still 400 first. Also, without `code` or Retry-After, when JETGATE_SERVICE_TOKEN is not set (the API is off).",
+          "NATS is down (lost and reconnecting, or closed), or the gateway's dispatch queue has no room for the whole request (JETGATE_DISPATCH_QUEUE_BYTES: NATS slow or stalled, or many large requests at once): nothing was published, `code` is DISPATCH_UNAVAILABLE, `error` says which; retry after Retry-After seconds with the same dispatch_id. Bad input is still 400 first. Also, without `code` or Retry-After, when neither JETGATE_SERVICE_TOKEN nor JETGATE_SERVICE_TOKENS_FILE is set (the API is off).",
         headers: { "Retry-After": { description: "Seconds to wait (2); only with DISPATCH_UNAVAILABLE.", schema: { type: "integer", minimum: 0 } } },
         ...jsonContent(ref("DispatchUnavailable")),
       },
@@ -188,7 +190,11 @@ export function buildOpenApi(extensions: readonly OpenApiExtension[] = []): Open
     components: {
       schemas: componentSchemas(schemas),
       securitySchemes: {
-        serviceToken: { type: "http", scheme: "bearer", description: "JETGATE_SERVICE_TOKEN" },
+        serviceToken: {
+          type: "http",
+          scheme: "bearer",
+          description: `A service token: JETGATE_SERVICE_TOKEN (every scope) or one named in JETGATE_SERVICE_TOKENS_FILE with its scopes. Each operation lists the scope it needs in its security requirement and in \`x-jetgate-scope\`: ${SERVICE_SCOPES.map((s) => `\`${s}\` (${SCOPE_ROUTES[s]})`).join(", ")}. Without it: 403 naming the scope.`,
+        },
         adminToken: { type: "http", scheme: "bearer", description: "JETGATE_ADMIN_TOKEN (the operator console)" },
       },
     },

@@ -24,7 +24,7 @@ import {
 import { type Dispatcher } from "../../protocol/io/index.js";
 import { BATCH_SHAPE, DispatchShapeGuard, SINGLE_SHAPE, maxDispatchBodyBytes, parseDispatchBatch, parseDispatchBody, type DispatchAnswerJson, type DispatchErrorJson, type DispatchResultJson, type ParsedDispatch } from "./dispatch-body.js";
 import { openApiJson } from "./openapi.js";
-import { FailedAuthThrottle, bearerMatches } from "./bearer.js";
+import type { ServiceAuth } from "./service-auth.js";
 import { serveAdmin, type AdminSource } from "./admin.js";
 import { serveUsersApi, type UsersApiDeps } from "./users-api.js";
 import type { SessionPorts, Transport } from "../ports.js";
@@ -75,6 +75,8 @@ export function startServer(
   config: Config,
   ctx: SessionPorts,
   dispatcher: Dispatcher,
+  /** The service tokens and their scopes, for the dispatch and users APIs (one count of wrong tokens per address for both). */
+  serviceAuth: ServiceAuth,
   /** Dependencies not answering now: new devices are turned away (503) to try another gateway. */
   unavailable: () => string[] = () => [],
   /** The operator console's sources (gateway/http/admin.ts); its routes answer 404 without JETGATE_ADMIN_TOKEN. */
@@ -148,15 +150,13 @@ export function startServer(
   });
 
   const maxDispatchBody = maxDispatchBodyBytes(config.JETGATE_MAX_BODY_BYTES);
-  // wrong service tokens, per client address: the dispatch and users APIs share the token
-  const serviceThrottle = new FailedAuthThrottle();
   for (const [path, batch] of [["/v1/dispatch", false], ["/v1/dispatch/batch", true]] as const) {
     app.post(path, (res, req) => {
       // headers are readable only inside this handler
       const auth = req.getHeader("authorization");
       const declared = req.getHeader("content-length");
       const client = clientAddress(res, req);
-      handleDispatch(res, { auth, declared, maxBody: maxDispatchBody, batch, client, throttle: serviceThrottle }, config, ctx, dispatcher);
+      handleDispatch(res, { auth, declared, maxBody: maxDispatchBody, batch, client, serviceAuth }, config, ctx, dispatcher);
     });
   }
   // public (no token): it says nothing about this deployment; serialized once, not per request
@@ -164,7 +164,7 @@ export function startServer(
   app.get("/v1/openapi.json", (res) => void res.writeHeader("content-type", "application/json").end(openapi));
   if (config.JETGATE_DEMO_DIR !== undefined && config.JETGATE_ENV === "development") serveDemo(app, config, config.JETGATE_DEMO_DIR);
   if (admin !== undefined) serveAdmin(app, config, admin, clientAddress);
-  if (usersApi !== undefined) serveUsersApi(app, usersApi, clientAddress, serviceThrottle);
+  if (usersApi !== undefined) serveUsersApi(app, usersApi, clientAddress, serviceAuth);
   app.any("/*", (res, req) => {
     const what = `${req.getCaseSensitiveMethod()} ${req.getUrl()}`.slice(0, 200);
     jsonAnswer(res, "404 Not Found", { error: `no such route: ${what} (the API is described at GET /v1/openapi.json)` });
@@ -250,31 +250,20 @@ interface Answer {
 
 function handleDispatch(
   res: Uws.HttpResponse,
-  req: { auth: string; declared: string; maxBody: number; batch: boolean; client: string; throttle: FailedAuthThrottle },
+  req: { auth: string; declared: string; maxBody: number; batch: boolean; client: string; serviceAuth: ServiceAuth },
   config: Config,
   ctx: SessionPorts,
   dispatcher: Dispatcher,
 ): void {
   let aborted = false;
   res.onAborted(() => (aborted = true));
+  const admission = req.serviceAuth.admit(req.auth, req.client, "dispatch", Date.now());
   const done = (status: string, body: DispatchAnswerJson, headers?: Record<string, string>) => {
-    ctx.metrics.dispatchRequests.inc({ status: status.slice(0, 3) });
+    ctx.metrics.dispatchRequests.inc({ status: status.slice(0, 3), token: admission.token });
     reply(res, () => aborted, status, body, headers);
   };
-  const token = config.JETGATE_SERVICE_TOKEN;
-  if (token === undefined) {
-    done("503 Service Unavailable", { error: "the dispatch API is disabled: set JETGATE_SERVICE_TOKEN" });
-    return;
-  }
-  const now = Date.now();
-  const wait = req.throttle.waitS(req.client, now);
-  if (wait > 0) {
-    done("429 Too Many Requests", { error: `too many wrong tokens from this address: try again in ${wait} s` }, { "retry-after": String(wait) });
-    return;
-  }
-  if (!bearerMatches(req.auth, token)) {
-    req.throttle.failed(req.client, now);
-    done("401 Unauthorized", { error: "missing or wrong bearer token" });
+  if (!admission.ok) {
+    done(admission.status, { error: admission.error, ...(admission.scope !== undefined ? { scope: admission.scope } : {}) }, admission.retryAfterS !== undefined ? { "retry-after": String(admission.retryAfterS) } : undefined);
     return;
   }
   const tooLarge: DispatchErrorJson = { error: `request body over ${req.maxBody} bytes, the largest valid dispatch (docs/security.md)` };

@@ -12,10 +12,11 @@
  */
 import type * as Uws from "uWebSockets.js";
 import type { NatsConnection } from "@nats-io/transport-node";
+import type { Logger } from "pino";
 import { z } from "zod";
-import { GATEWAY_LIVENESS, CONTROL_SUBJECTS, idProblem, seqLabel, type Config, type MailboxSeq, type RedisKeys } from "../../protocol/index.js";
+import { GATEWAY_LIVENESS, CONTROL_SUBJECTS, idProblem, seqLabel, type Config, type MailboxSeq, type RedisKeys, SERVICE_SCOPES, type ServiceScope } from "../../protocol/index.js";
 import { scripted, type RedisClient, type CursorSigner } from "../../protocol/io/index.js";
-import { bearerMatches, type FailedAuthThrottle } from "./bearer.js";
+import type { Admission, ServiceAuth } from "./service-auth.js";
 import { issueField } from "./dispatch-body.js";
 import {
   DisconnectMode,
@@ -127,7 +128,12 @@ export const EntriesPageSchema = z.object({
   next: z.string(),
   more: z.boolean(),
 });
-export const UsersApiErrorSchema = z.object({ error: z.string(), field: z.string().optional() });
+export const UsersApiErrorSchema = z.object({
+  error: z.string(),
+  field: z.string().optional(),
+  /** 403 only: the scope the service token lacks. */
+  scope: z.enum(SERVICE_SCOPES).optional(),
+});
 
 export interface UsersApiDeps {
   config: Config;
@@ -143,9 +149,13 @@ export interface UsersApiDeps {
   roster: Pick<NatsRoster, "live" | "warm">;
   /** JETGATE_DEPENDENCY_TIMEOUT_MS: the longest a read of Redis or the streams may take before the answer is 503. */
   timeoutMs: number;
+  log: Logger;
+  /** Where the audit lines go (one per call made with one of this gateway's service tokens), whatever JETGATE_LOG_LEVEL keeps of the rest. */
+  audit: Logger;
 }
 
-type Answer = { status: string; body: unknown; headers?: Record<string, string> };
+/** An answer, and what the audit line says of the call beside its route, user and outcome. */
+type Answer = { status: string; body: unknown; headers?: Record<string, string>; audit?: Record<string, unknown> };
 
 class ApiError extends Error {
   constructor(
@@ -153,28 +163,40 @@ class ApiError extends Error {
     message: string,
     readonly field?: string,
     readonly headers?: Record<string, string>,
+    readonly scope?: ServiceScope,
   ) {
     super(message);
   }
 }
 
 /**
- * Serves the users API on `app`. `throttle` counts wrong service tokens per client address
- * (`clientAddress`), shared with the dispatch API: the same token opens both.
+ * Serves the users API on `app`. `auth` admits each call by its service token and the route's
+ * scope, counting wrong tokens per client address (`clientAddress`) with the dispatch API's.
+ * Every call made with one of the gateway's tokens, served or not, leaves one audit line (the
+ * token's name, the route, the user, the client address, the outcome) and is counted by name.
  */
-export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps, clientAddress: (res: Uws.HttpResponse, req: Uws.HttpRequest) => string, throttle: FailedAuthThrottle): void {
+export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps, clientAddress: (res: Uws.HttpResponse, req: Uws.HttpRequest) => string, auth: ServiceAuth): void {
   const bucket = new TokenBucket(d.config.JETGATE_USERS_API_RATE_PER_S, d.config.JETGATE_USERS_API_RATE_PER_S, Date.now());
-  const route = (method: "get" | "post", path: string, handle: (req: { user?: string; body: unknown; query: URLSearchParams }) => Promise<Answer>) => {
+  const route = (method: "get" | "post", path: string, scope: ServiceScope, handle: (req: { user?: string; body: unknown; query: URLSearchParams }) => Promise<Answer>) => {
+    const routeName = `${method.toUpperCase()} ${path}`;
     app[method](path, (res, req) => {
-      const auth = req.getHeader("authorization");
+      const started = Date.now();
+      const authorization = req.getHeader("authorization");
       const client = clientAddress(res, req);
       const query = new URLSearchParams(req.getQuery() ?? "");
       let user = path.includes(":user") ? req.getParameter(0) : undefined;
       const declared = req.getHeader("content-length");
       let aborted = false;
       res.onAborted(() => (aborted = true));
+      const admission = auth.admit(authorization, client, scope, started);
+      // the name of one of this gateway's tokens, even when the call is refused (403): it is audited
+      const token = admission.token;
       const done = (a: Answer) => {
-        d.metrics.usersApiRequests.inc({ path, status: a.status.slice(0, 3) });
+        d.metrics.usersApiRequests.inc({ path, status: a.status.slice(0, 3), token });
+        if (token !== "") {
+          const failed = a.status.startsWith("2") ? {} : { error: (a.body as { error?: string }).error };
+          d.audit.info({ token, route: routeName, user, client, status: Number(a.status.slice(0, 3)), ms: Date.now() - started, ...a.audit, ...failed }, "server api call");
+        }
         if (aborted) return;
         res.cork(() => {
           res.writeStatus(a.status).writeHeader("content-type", "application/json");
@@ -183,11 +205,15 @@ export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps, clientAddr
         });
       };
       const fail = (err: unknown) => {
-        if (err instanceof ApiError) return done({ status: err.status, body: { error: err.message, ...(err.field !== undefined ? { field: err.field } : {}) }, ...(err.headers ? { headers: err.headers } : {}) });
+        if (err instanceof ApiError) {
+          const body = { error: err.message, ...(err.field !== undefined ? { field: err.field } : {}), ...(err.scope !== undefined ? { scope: err.scope } : {}) };
+          return done({ status: err.status, body, ...(err.headers ? { headers: err.headers } : {}) });
+        }
+        d.log.error({ err, route: routeName }, "users API call failed");
         done({ status: "500 Internal Server Error", body: { error: "internal error" } });
       };
       try {
-        admit(d.config, auth, bucket, { client, throttle });
+        admit(d.config, admission, bucket, started);
         if (user !== undefined) user = checkId("user", pathId(user), "user");
         if (declared !== "" && Number(declared) > MAX_USERS_API_BODY) throw new ApiError("413 Payload Too Large", `request body over ${MAX_USERS_API_BODY} bytes`);
       } catch (err) {
@@ -212,14 +238,15 @@ export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps, clientAddr
   const ask = lookups.ask;
   const ended = (replies: ControlReply[]) => replies.reduce((n, r) => n + (r.ended ?? 0), 0);
 
-  route("post", "/v1/users/:user/disconnect", async ({ user, body }) => {
+  route("post", "/v1/users/:user/disconnect", "sessions", async ({ user, body }) => {
     const b = parse(DisconnectBodySchema, body);
     if (b.device !== undefined) checkId("device", b.device, "device");
     const { replies, gateways } = await ask(CONTROL_SUBJECTS.disconnect, { user, ...b });
-    return { status: "200 OK", body: { user: user!, ...(b.device !== undefined ? { device: b.device } : {}), ended: ended(replies), gateways } };
+    const n = ended(replies);
+    return { status: "200 OK", body: { user: user!, ...(b.device !== undefined ? { device: b.device } : {}), ended: n, gateways }, audit: { device: b.device, mode: b.mode, ended: n } };
   });
 
-  route("post", "/v1/users/:user/revoke", async ({ user, body }) => {
+  route("post", "/v1/users/:user/revoke", "revoke", async ({ user, body }) => {
     const b = parse(RevokeBodySchema, body);
     if (b.device !== undefined) checkId("device", b.device, "device");
     const now = Date.now();
@@ -238,19 +265,22 @@ export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps, clientAddr
       throw new ApiError("503 Service Unavailable", `Redis did not take the revocation (${message}); ${outcome}: try again`, undefined, { "retry-after": "2" });
     }
     const { replies, gateways } = await ask(CONTROL_SUBJECTS.revoke, { ...kept, mode: b.mode ?? "signed_out", ...(b.reason !== undefined ? { reason: b.reason } : {}) });
+    const n = ended(replies);
     return {
       status: "200 OK",
-      body: { user: user!, ...(b.device !== undefined ? { device: b.device } : {}), ended: ended(replies), gateways, issued_before: kept.before, expires_at: kept.expires },
+      body: { user: user!, ...(b.device !== undefined ? { device: b.device } : {}), ended: n, gateways, issued_before: kept.before, expires_at: kept.expires },
+      audit: { device: b.device, mode: b.mode ?? "signed_out", issued_before: kept.before, ended: n },
     };
   });
 
-  route("get", "/v1/users/:user/presence", async ({ user }) => ({ status: "200 OK", body: await lookups.presence([user!]) }));
-  route("post", "/v1/presence", async ({ body }) => {
+  route("get", "/v1/users/:user/presence", "presence", async ({ user }) => ({ status: "200 OK", body: await lookups.presence([user!]) }));
+  route("post", "/v1/presence", "presence", async ({ body }) => {
     const b = parse(PresenceBodySchema, body);
-    return { status: "200 OK", body: await lookups.presence([...new Set(b.users)]) };
+    const users = [...new Set(b.users)];
+    return { status: "200 OK", body: await lookups.presence(users), audit: { users: users.length > 10 ? [...users.slice(0, 10), `... ${users.length - 10} more`] : users } };
   });
 
-  route("get", "/v1/users/:user/entries", async ({ user, query }) => {
+  route("get", "/v1/users/:user/entries", "read", async ({ user, query }) => {
     const q = parse(EntriesQuerySchema, Object.fromEntries(query));
     if (q.lane !== undefined && !d.config.JETGATE_LANES.includes(q.lane)) throw new ApiError("400 Bad Request", `lane: not one of this deployment's lanes (${d.config.JETGATE_LANES.join(", ")})`, "lane");
     let position;
@@ -262,7 +292,7 @@ export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps, clientAddr
     }
     try {
       const page = await within(readPage({ registry: d.registry, mailbox: d.mailbox, cursors: d.cursors }, user!, position, { limit: q.limit ?? DEFAULT_PAGE_ENTRIES, ...(q.lane !== undefined ? { lane: q.lane } : {}) }), d.timeoutMs);
-      return { status: "200 OK", body: page };
+      return { status: "200 OK", body: page, audit: { case: page.case, entries: page.entries.length } };
     } catch (err) {
       if (err instanceof UnavailableError) throw new ApiError("503 Service Unavailable", err.message, undefined, { "retry-after": String(Math.max(1, Math.ceil(err.retryMs / 1000))) });
       // what fails past the input checks is a read of Redis or the stream (a timeout, a lost connection)
@@ -270,7 +300,7 @@ export function serveUsersApi(app: Uws.TemplatedApp, d: UsersApiDeps, clientAddr
     }
   });
 
-  route("get", "/v1/users/:user/mailbox", async ({ user }) => {
+  route("get", "/v1/users/:user/mailbox", "read", async ({ user }) => {
     try {
       return { status: "200 OK", body: await lookups.mailbox(user!) };
     } catch (err) {
@@ -367,19 +397,11 @@ export function userLookups(d: Pick<UsersApiDeps, "nc" | "redis" | "keys" | "reg
 }
 
 /**
- * The service token, then the rate: 503 without a service token, 429 (Retry-After) for an address
- * that sent too many wrong tokens, 401 with a wrong one, 429 past the rate.
+ * The service token's admission (503 without any token, 429 for an address held off for wrong
+ * ones, 401 for a wrong one, 403 without the route's scope), then the rate (429).
  */
-function admit(config: Config, auth: string, bucket: TokenBucket, from: { client: string; throttle: FailedAuthThrottle }): void {
-  const token = config.JETGATE_SERVICE_TOKEN;
-  if (token === undefined) throw new ApiError("503 Service Unavailable", "the users API is disabled: set JETGATE_SERVICE_TOKEN");
-  const now = Date.now();
-  const wait = from.throttle.waitS(from.client, now);
-  if (wait > 0) throw new ApiError("429 Too Many Requests", `too many wrong tokens from this address: try again in ${wait} s`, undefined, { "retry-after": String(wait) });
-  if (!bearerMatches(auth, token)) {
-    from.throttle.failed(from.client, now);
-    throw new ApiError("401 Unauthorized", "missing or wrong bearer token");
-  }
+function admit(config: Config, a: Admission, bucket: TokenBucket, now: number): void {
+  if (!a.ok) throw new ApiError(a.status, a.error, undefined, a.retryAfterS !== undefined ? { "retry-after": String(a.retryAfterS) } : undefined, a.scope);
   if (!bucket.take(now)) throw new ApiError("429 Too Many Requests", `over JETGATE_USERS_API_RATE_PER_S (${config.JETGATE_USERS_API_RATE_PER_S}) requests per second on this gateway`, undefined, { "retry-after": "1" });
 }
 

@@ -30,7 +30,7 @@ import { HorizontalPodAutoscaler, type IHorizontalPodAutoscaler } from "kubernet
 import { Ingress, type IIngress } from "kubernetes-models/networking.k8s.io/v1/Ingress";
 import { ServiceMonitor, type IServiceMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor";
 import { PrometheusRule, type IPrometheusRule } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PrometheusRule";
-import { ENV_VARS, type ConfigRole } from "../../protocol/index.js";
+import { ENV_VARS, ServiceTokenTable, type ConfigRole } from "../../protocol/index.js";
 import { loadConfig } from "../../protocol/io/index.js";
 import { ensurePinned } from "../../scripts/pinned.js";
 
@@ -296,16 +296,20 @@ function checkInstall(objs: Obj[], existingSecret?: { name: string; data: Record
       }
       for (const k of Object.keys(env)) if (k.startsWith("JETGATE_")) assert.ok(known.has(k), `${w.name}/${c.name}: ${k} is not a setting protocol/config.ts knows`);
       // A file setting must be a mounted Secret's key; the test reads it from a copy.
-      const keysFile = env.JETGATE_JWT_PUBLIC_KEYS_FILE;
-      if (keysFile !== undefined) {
-        const mount = (c.volumeMounts ?? []).find((m) => m.mountPath === dirname(keysFile));
+      for (const setting of ["JETGATE_JWT_PUBLIC_KEYS_FILE", "JETGATE_SERVICE_TOKENS_FILE"] as const) {
+        const file = env[setting];
+        if (file === undefined) continue;
+        const mount = (c.volumeMounts ?? []).find((m) => m.mountPath === dirname(file));
         const vol = w.pod.volumes?.find((v) => v.name === mount?.name);
-        assert.ok(vol?.secret, `${w.name}/${c.name}: nothing mounted at ${dirname(keysFile)}`);
-        const content = secretData(vol.secret.secretName)[basename(keysFile)];
-        assert.ok(content, `${w.name}/${c.name}: Secret ${vol.secret.secretName} has no key ${basename(keysFile)}`);
+        assert.ok(vol?.secret, `${w.name}/${c.name}: nothing mounted at ${dirname(file)}`);
+        assert.equal(mount!.subPath, undefined, `${w.name}/${c.name}: ${setting} under a subPath would never see the Secret change`);
+        const content = secretData(vol.secret.secretName)[basename(file)];
+        assert.ok(content, `${w.name}/${c.name}: Secret ${vol.secret.secretName} has no key ${basename(file)}`);
         const copy = join(dir, `mounted-${files++}`);
         writeFileSync(copy, content);
-        env.JETGATE_JWT_PUBLIC_KEYS_FILE = copy;
+        env[setting] = copy;
+        // what the gateway reads at start: a file it cannot use stops it
+        if (setting === "JETGATE_SERVICE_TOKENS_FILE") assert.doesNotThrow(() => ServiceTokenTable.from(content, env.JETGATE_SERVICE_TOKEN), `${w.name}/${c.name}: the tokens file`);
       }
       try {
         loadConfig(env, role);
@@ -321,14 +325,18 @@ function checkInstall(objs: Obj[], existingSecret?: { name: string; data: Record
 }
 
 const cursorKey = Buffer.alloc(32, 7).toString("base64");
+/** Random enough for production (the gateways refuse a guessable service token). */
+const SERVICE_TOKEN = "Zq3v8Xk1Lr7Tn2Bw9Hc4Jd6Fs0Gm5Ya_";
+/** A tokens file with two backends, as `jetgate token new` prints their entries. */
+const TOKENS_FILE = `tokens:\n  - name: notifier\n    sha256: ${"ab".repeat(32)}\n    scopes: [dispatch, presence]\n  - name: support\n    sha256: ${"cd".repeat(32)}\n    scopes: [read, sessions, revoke]\n    not_after: "2027-03-01T00:00:00Z"\n`;
 const jwtPem = generateKeyPairSync("ed25519").publicKey.export({ type: "spki", format: "pem" }).toString();
 /** The Secret values-ha.yaml names, as the chart's README has the operator create it. */
-const operatorSecret = { name: "jetgate", data: { JETGATE_CURSOR_KEYS: cursorKey, JETGATE_SERVICE_TOKEN: "s".repeat(32), JETGATE_JWT_SECRET: "j".repeat(40) } };
+const operatorSecret = { name: "jetgate", data: { JETGATE_CURSOR_KEYS: cursorKey, JETGATE_SERVICE_TOKEN: SERVICE_TOKEN, JETGATE_JWT_SECRET: "j".repeat(40) } };
 const HA = join(CHART_DIR, "values-ha.yaml");
-const DEFAULTS_WITH_SECRETS = { secrets: { cursorKeys: cursorKey, jwtSecret: "j".repeat(40), serviceToken: "s".repeat(32) } };
+const DEFAULTS_WITH_SECRETS = { secrets: { cursorKeys: cursorKey, jwtSecret: "j".repeat(40), serviceToken: SERVICE_TOKEN } };
 /** Over values-ha.yaml: every optional branch of the templates. */
 const EXTRAS = {
-  secrets: { jwtPublicKeys: jwtPem },
+  secrets: { jwtPublicKeys: jwtPem, serviceTokens: TOKENS_FILE },
   imagePullSecrets: [{ name: "registry" }],
   gateway: {
     autoscaling: { targetConnectionsPerPod: 20000 },
@@ -373,7 +381,12 @@ test("chart render - values-ha.yaml: autoscaled gateways, 3 workers, budgets, in
 test("chart render - values-ha.yaml with every optional branch: JWT keys file, connection-based scaling, pod placement", () => {
   const objs = render([HA, valuesFile(EXTRAS)], ["--namespace", "edge", "jg"]);
   checkInstall(objs, { ...operatorSecret, data: { JETGATE_CURSOR_KEYS: cursorKey } });
-  assert.deepEqual(ofKind<ISecret>(objs, "Secret").map((s) => s.metadata.name), ["jg-jetgate-jwt"]);
+  assert.deepEqual(ofKind<ISecret>(objs, "Secret").map((s) => s.metadata.name), ["jg-jetgate-jwt", "jg-jetgate-service-tokens"]);
+  // the tokens file reaches the gateways only, whole-folder mounted (a Secret update reaches it)
+  const deployments = ofKind<IDeployment>(objs, "Deployment");
+  const envOf = (name: string) => byName(deployments, name)!.spec!.template.spec!.containers[0]!.env ?? [];
+  assert.equal(envOf("jg-jetgate-gateway").find((e) => e.name === "JETGATE_SERVICE_TOKENS_FILE")?.value, "/etc/jetgate/service-tokens/tokens.yaml");
+  assert.equal(envOf("jg-jetgate-worker").find((e) => e.name === "JETGATE_SERVICE_TOKENS_FILE"), undefined);
   const hpa = ofKind<IHorizontalPodAutoscaler>(objs, "HorizontalPodAutoscaler")[0]!;
   assert.deepEqual(hpa.spec!.metrics!.map((m) => m.type), ["Resource", "Pods"]);
   const rule = ofKind<IPrometheusRule>(objs, "PrometheusRule")[0]!;

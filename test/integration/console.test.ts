@@ -88,7 +88,7 @@ test("console - the page, its script and stylesheet: a CSP without inline script
   assert.equal(st.headers.get("cache-control"), "no-store");
 });
 
-test("console - wrong tokens are throttled per client address: after 10, 429 with Retry-After, even for the right token", async () => {
+test("console - wrong tokens are throttled per client address: after 10, 429 with Retry-After; the right token is still served", async () => {
   const g = await spawnGateway(stack.infra.env, { JETGATE_ADMIN_TOKEN: TOKEN });
   try {
     const at = (token: string) => fetch(`http://127.0.0.1:${g.httpPort}/admin/api/state`, { headers: { authorization: `Bearer ${token}` } });
@@ -98,7 +98,9 @@ test("console - wrong tokens are throttled per client address: after 10, 429 wit
     const retry = Number(throttled.headers.get("retry-after"));
     assert.ok(retry >= 1 && retry <= 6, `Retry-After ${retry}`);
     assert.match(((await throttled.json()) as { error: string }).error, /^too many wrong tokens from this address: try again in \d+ s$/);
-    assert.equal((await at(TOKEN)).status, 429, "a guesser cannot tell the right token while throttled");
+    // another tab at the same address (an office NAT) is not locked out by a mistyped token
+    assert.equal((await at(TOKEN)).status, 200, "the right token, while the address is held off");
+    assert.equal((await at("wrong-once-more")).status, 429, "wrong ones still are");
   } finally {
     await g.kill();
   }

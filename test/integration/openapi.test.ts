@@ -7,15 +7,25 @@
  */
 import { test, after } from "node:test";
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { Ajv2020, type ValidateFunction } from "ajv/dist/2020.js";
 import { startStack, spawnGateway } from "../harness/stack.js";
 import { waitFor } from "../harness/wait.js";
 import { OPENAPI_FILE } from "../../scripts/openapi.js";
+import { serviceTokenHash } from "../../protocol/index.js";
 
 const TOKEN = "openapi-secret";
-const stack = await startStack({ env: { JETGATE_SERVICE_TOKEN: TOKEN }, worker: false, gateway: {} });
-after(() => stack.dispose());
+/** A token of the tokens file that may only read mailboxes: every other route answers it 403. */
+const READER = "openapi-reader-Wx9Lm3Rv8Bz1Hc6Jd0Fs5Yg";
+const tokensDir = mkdtempSync(join(tmpdir(), "jetgate-openapi-"));
+writeFileSync(join(tokensDir, "tokens.yaml"), `tokens:\n  - name: reader\n    sha256: "${serviceTokenHash(READER)}"\n    scopes: [read]\n`);
+const stack = await startStack({ env: { JETGATE_SERVICE_TOKEN: TOKEN }, worker: false, gateway: { JETGATE_SERVICE_TOKENS_FILE: join(tokensDir, "tokens.yaml") } });
+after(async () => {
+  await stack.dispose();
+  rmSync(tokensDir, { recursive: true, force: true });
+});
 const gateway = stack.gateway!;
 
 type Json = Record<string, unknown>;
@@ -132,6 +142,7 @@ test("openapi - POST /v1/dispatch: the documented example and good requests are 
     { name: "nested too deep", body: "[[[1]]]", status: 400 },
     { name: "wrong token", body: JSON.stringify(good), headers: { authorization: "Bearer wrong" }, status: 401, schemaValid: true },
     { name: "no token", body: JSON.stringify(good), headers: { authorization: "" }, status: 401, schemaValid: true },
+    { name: "a token without the scope dispatch", body: JSON.stringify(good), headers: { authorization: `Bearer ${READER}` }, status: 403, schemaValid: true },
     { name: "over the largest valid request", body: "x".repeat(1_300_000), status: 413 },
   ];
   for (const c of cases) {
@@ -155,6 +166,7 @@ test("openapi - POST /v1/dispatch/batch: the documented example is 200; a bad el
     { name: "an element missing a field", body: { dispatches: [{ ...good.dispatches[0], message_id: undefined }] }, status: 400, schemaValid: false, field: "dispatches.0.message_id" },
     { name: "empty", body: { dispatches: [] }, status: 400, schemaValid: false, field: "dispatches" },
     { name: "wrong token", body: good, token: "wrong", status: 401, schemaValid: true },
+    { name: "a token without the scope dispatch", body: good, token: READER, status: 403, schemaValid: true },
   ];
   for (const c of cases) {
     const json = JSON.stringify(c.body);
@@ -196,6 +208,16 @@ test("openapi - the users API: each route's documented example or a good request
   const wrong = await get("/v1/users/oa-user/mailbox", "wrong");
   assert.equal(wrong.status, 401);
   await conforms("get", "/v1/users/{user}/mailbox", wrong);
+  // a token without the route's scope: 403 on every route but the mailbox reads, as documented
+  const reads = new Set(["/v1/users/{user}/mailbox", "/v1/users/{user}/entries"]);
+  for (const c of cases.filter((x) => x.status === 200)) {
+    const res = c.method === "get" ? await get(c.url, READER) : await post(c.url, c.body!, { authorization: `Bearer ${READER}` });
+    assert.equal(res.status, reads.has(c.path) ? 200 : 403, `${c.method.toUpperCase()} ${c.url} with the reader`);
+    const body = (await conforms(c.method, c.path, res)) as { scope?: string };
+    const documented = doc.paths[c.path]![c.method] as unknown as { security: { serviceToken: string[] }[]; "x-jetgate-scope": string };
+    assert.deepEqual(documented.security, [{ serviceToken: [documented["x-jetgate-scope"]] }], `${c.path}: the scope in its security requirement`);
+    if (res.status === 403) assert.equal(body.scope, documented["x-jetgate-scope"], `${c.path}: the 403 names the documented scope`);
+  }
 });
 
 test("openapi - the operations port: /healthz, /readyz, /metrics as documented; other methods are not", async () => {

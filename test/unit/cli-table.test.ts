@@ -6,6 +6,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { COMMANDS, USAGE, UsageError, cli } from "../../worker/cli.js";
+import { ServiceTokenTable, tokenStrengthProblem } from "../../protocol/index.js";
 
 test("cli table - the usage text has a line for every command of the table: its words, its arguments, its description", () => {
   const lines = USAGE.split("\n").filter((l) => l.startsWith("  jetgate "));
@@ -47,5 +48,29 @@ test("cli table - a command no row names is a usage error naming it, with the us
       return true;
     }, argv.join(" "));
     assert.deepEqual(lines, [], "nothing printed to stdout");
+  }
+});
+
+test("cli - token new: a 256-bit token once, and a tokens-file entry the gateway reads as that token with those scopes", async () => {
+  const lines: string[] = [];
+  assert.equal(await cli(["token", "new", "--name", "notifier", "--scopes", "dispatch,presence", "--not-after", "2027-03-01T00:00:00Z"], (l) => lines.push(l)), 0);
+  const token = /^token: (\S+)$/.exec(lines[0]!)?.[1];
+  assert.ok(token !== undefined && token.length === 43, lines[0]);
+  assert.equal(tokenStrengthProblem(token), undefined);
+  const entry = lines.slice(lines.findIndex((l) => l.includes("- name:"))).join("\n");
+  const table = ServiceTokenTable.from(`tokens:\n${entry}\n`, undefined);
+  const m = table.match(token, Date.parse("2026-12-05T00:00:00Z"));
+  assert.equal(m.kind, "valid");
+  assert.deepEqual(m.kind === "valid" && [m.token.name, [...m.token.scopes], m.token.notAfter], ["notifier", ["dispatch", "presence"], Date.parse("2027-03-01T00:00:00Z")]);
+});
+
+test("cli - token new: a bad name, scope or time is a usage error naming the flag; both flags are required", async () => {
+  for (const [argv, says] of [
+    [["token", "new", "--scopes", "dispatch"], /--name and --scopes are required/],
+    [["token", "new", "--name", "a b", "--scopes", "dispatch"], /--name: must be 1\.\.64 of/],
+    [["token", "new", "--name", "a", "--scopes", "dispatch,write"], /--scopes\.1: /],
+    [["token", "new", "--name", "a", "--scopes", "read", "--not-after", "tomorrow"], /--not-after: must be an ISO 8601 date and time/],
+  ] as const) {
+    await assert.rejects(cli([...argv], () => undefined), (err: unknown) => err instanceof UsageError && says.test(err.message), argv.join(" "));
   }
 });

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
-import { ConfigError, ENV_VARS, adminTokenProblem } from "../../protocol/index.js";
+import { ConfigError, ENV_VARS, tokenStrengthProblem } from "../../protocol/index.js";
 import { loadConfig } from "../../protocol/io/index.js";
 
 const key = Buffer.alloc(32, 1).toString("base64url");
@@ -101,10 +101,10 @@ test("config - a production admin token must be long and not guessable; developm
     assert.throws(prod(weak), (e: unknown) => e instanceof ConfigError && /JETGATE_ADMIN_TOKEN: (must be at least 32 characters|looks guessable).*openssl rand -base64 32/.test(e.message), weak);
   }
   for (const strong of [randomBytes(32).toString("base64"), randomBytes(32).toString("hex"), randomBytes(24).toString("base64url")]) {
-    assert.equal(adminTokenProblem(strong), undefined, strong);
+    assert.equal(tokenStrengthProblem(strong), undefined, strong);
     assert.equal(prod(strong)().JETGATE_ADMIN_TOKEN, strong);
   }
-  assert.match(adminTokenProblem("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")!, /looks guessable \(about 0 bits from 1 distinct characters/);
+  assert.match(tokenStrengthProblem("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")!, /looks guessable \(about 0 bits from 1 distinct characters/);
   assert.equal(loadConfig({ JETGATE_ADMIN_TOKEN: "aaaaaaaaaaaaaaaa" }).JETGATE_ADMIN_TOKEN, "aaaaaaaaaaaaaaaa", "development: 16 characters are enough");
 });
 

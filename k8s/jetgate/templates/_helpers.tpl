@@ -68,3 +68,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   readOnly: true
 {{- end }}
 {{- end -}}
+
+{{/* The service tokens file's Secret (the chart's, or the user's), when there is one: gateways only. */}}
+{{- define "jetgate.serviceTokensSecret" -}}
+{{- if .Values.secrets.serviceTokensSecret -}}{{ .Values.secrets.serviceTokensSecret }}{{- else if .Values.secrets.serviceTokens -}}{{ include "jetgate.fullname" . }}-service-tokens{{- end -}}
+{{- end -}}
