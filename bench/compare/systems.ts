@@ -9,98 +9,13 @@
  * - socketio: N Socket.IO servers on the Redis streams adapter, N producer processes.
  * NATS and Redis stay single servers: what one of each carries is part of what is measured.
  */
-import { spawn, type ChildProcess } from "node:child_process";
-import { createInterface, type Interface } from "node:readline";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
-import { PUSH_LATENCY_BUCKETS_S, STAGE_BUCKETS_S, emptyStageCounts, stageCountsOf, type StageCounts } from "../../protocol/index.js";
+import { STAGE_BUCKETS_S, emptyStageCounts, stageCountsOf, type StageCounts } from "../../protocol/index.js";
 import { RegistryClient } from "../../protocol/io/index.js";
 import { NatsServer, RedisServer, freePort } from "../../test/harness/servers.js";
 import { initStack, metricIn, spawnGateway, spawnWorker, startInfra, type JetgateProcess } from "../../test/harness/stack.js";
 import { waitFor } from "../../test/harness/wait.js";
-
-export type SystemName = "jetgate" | "uws-limit" | "jetstream-limit" | "socketio";
-export const SYSTEMS: SystemName[] = ["jetgate", "uws-limit", "jetstream-limit", "socketio"];
-
-export interface SystemOptions {
-  /** Copies of every process that scales out. */
-  nodes: number;
-  /** Shard streams (jetgate, jetstream-limit). */
-  shards: number;
-}
-
-export interface System {
-  name: SystemName;
-  /** Where the device of user `u<i>` connects (as a load balancer would place it). */
-  deviceUrl(i: number): string;
-  /** The device-facing server processes (RSS and CPU are reported for them). */
-  serverPids: number[];
-  /** Every process of the system, by role, for CPU shares. */
-  pids: Record<string, number[]>;
-  /** nats-server's monitoring port, where the system has one: messages it handled per entry. */
-  natsMonitorPort?: number;
-  /** Redis, where the system has one: commands it ran per entry (INFO commandstats). */
-  redisUrl?: string;
-  /**
-   * jetgate's stage histograms (protocol/stages.ts) so far, summed over its processes: per stage,
-   * the count in each bucket of STAGE_BUCKETS_S (then above it). Two readings' difference is a phase's.
-   */
-  stages?(): Promise<Record<string, StageCounts>>;
-  /** jetgate's own counters, summed over its processes: what its batching and framing cut. */
-  counters?(): Promise<Record<string, number>>;
-  /** Entries to random users of `users`, as fast as the system takes them (or at `rate`/s in all), for `seconds`. */
-  sendFor(seconds: number, users: number, rate?: number): Promise<number>;
-  /** `perUser` entries to each of users 0..users-1 while they are offline; resolves once they are stored. */
-  sendEach(users: number, perUser: number): Promise<void>;
-  /** The servers' recent log lines (for a run that went wrong). */
-  logs(): string[];
-  stop(): Promise<void>;
-}
-
-/** A child process spoken to in JSON lines. */
-export class LineProcess {
-  private readonly lines: Interface;
-  private readonly waiting: ((o: Record<string, number>) => void)[] = [];
-  constructor(readonly proc: ChildProcess) {
-    this.lines = createInterface({ input: proc.stdout! });
-    this.lines.on("line", (l) => {
-      if (!l.startsWith("{")) return;
-      this.waiting.shift()?.(JSON.parse(l) as Record<string, number>);
-    });
-  }
-
-  static node(script: string, args: string[], env: Record<string, string> = {}, nodeArgs: string[] = []): LineProcess {
-    // every process raises its own open-file limit to the hard limit first
-    const cmd = `ulimit -n "$(ulimit -Hn)"; exec "${process.execPath}" ${nodeArgs.join(" ")} --import tsx ${script} ${args.map((a) => `'${a}'`).join(" ")}`;
-    const p = new LineProcess(spawn("sh", ["-c", cmd], { stdio: ["pipe", "pipe", "inherit"], env: { ...process.env, ...env } }));
-    p.profiled = nodeArgs.includes("--cpu-prof");
-    return p;
-  }
-
-  /** Runs under --cpu-prof: stop() asks it to exit instead of killing it. */
-  private profiled = false;
-
-  next(): Promise<Record<string, number>> {
-    return new Promise((resolve) => this.waiting.push(resolve));
-  }
-
-  async ask(o: object): Promise<Record<string, number>> {
-    const answer = this.next();
-    this.proc.stdin!.write(JSON.stringify(o) + "\n");
-    return answer;
-  }
-
-  async stop(): Promise<void> {
-    if (this.proc.exitCode !== null || this.proc.signalCode !== null) return;
-    const exited = new Promise((r) => this.proc.once("exit", r));
-    // a profiled process is asked to exit, so that node writes its profile
-    if (this.profiled) {
-      this.proc.stdin!.write(JSON.stringify({ cmd: "exit" }) + "\n");
-      if (await Promise.race([exited.then(() => true), new Promise((r) => setTimeout(() => r(false), 10_000))])) return;
-    }
-    this.proc.kill("SIGKILL");
-    await exited;
-  }
-}
+import { LineProcess, PUSH_LATENCY_BOUNDS, sendSplit, slices, times, type System, type SystemName, type SystemOptions } from "./system-parts.js";
 
 export async function startSystem(name: SystemName, opts: SystemOptions): Promise<System> {
   if (name === "jetgate") return startJetgate(opts);
@@ -108,20 +23,6 @@ export async function startSystem(name: SystemName, opts: SystemOptions): Promis
   if (name === "jetstream-limit") return startJetStreamLimit(opts);
   return startSocketio(opts);
 }
-
-const times = <T>(n: number, f: (k: number) => T): T[] => Array.from({ length: n }, (_, k) => f(k));
-/** The push latency histograms' bounds, as their `le` labels print them. */
-export const PUSH_LATENCY_BOUNDS = [...PUSH_LATENCY_BUCKETS_S.map(String), "+Inf"];
-const sum = (xs: Record<string, number>[], key: string) => xs.reduce((n, x) => n + (x[key] ?? 0), 0);
-
-/** `rate` in all, split evenly over `procs`: each sends its share (all as fast as they go without one). */
-async function sendSplit(procs: LineProcess[], o: object, rate: number | undefined): Promise<number> {
-  const answers = await Promise.all(procs.map((p) => p.ask({ ...o, ...(rate !== undefined ? { rate: Math.max(1, rate / procs.length) } : {}) })));
-  return sum(answers, "sent");
-}
-
-/** Users 0..users-1 in `n` contiguous slices. */
-const slices = (users: number, n: number) => times(n, (k) => ({ from: Math.floor((users * k) / n), to: Math.floor((users * (k + 1)) / n) }));
 
 /** The producer processes of the systems that append to JetStream (bench/compare/nats-producer.ts). */
 async function natsProducers(mode: "dispatcher" | "bare", natsUrl: string, n: number): Promise<LineProcess[]> {
