@@ -1,12 +1,13 @@
 /**
  * The tools jetgate is tested with, pinned, and where their builds are kept: the nats-server every
- * test, benchmark and `npm start` runs, and Helm, which lints and renders the chart in the tests.
+ * test, benchmark and `npm start` runs, Helm, which lints and renders the chart in the tests, and
+ * Centrifugo, which `npm run bench` compares jetgate with (and its `--nodes` test runs).
  *
  * Built from source with `go install` (the Go module proxy) into a cache folder outside the
  * checkout, once per machine: later runs and checkouts reuse them. `npm test` (scripts/test-deps.sh)
  * and `npm start` call `ensurePinnedNatsServer`; the test harness only reads `pinnedNatsServerPath`.
  *
- * `node --import tsx scripts/pinned.ts install [nats-server|helm]...` builds them (when missing) and
+ * `node --import tsx scripts/pinned.ts install [nats-server|helm|centrifugo]...` builds them (when missing) and
  * prints their paths (nats-server alone without a name); `... pinned.ts helm -- ARGS` runs Helm
  * (`npm run helm -- lint k8s/jetgate`). A build says what it builds, why and about how long it
  * takes, and every 10 s that it still runs.
@@ -21,6 +22,8 @@ import { fileURLToPath } from "node:url";
 export const NATS_SERVER_VERSION = "v2.15.2";
 /** The Helm the chart tests lint and render with. */
 export const HELM_VERSION = "v4.3.1";
+/** The Centrifugo `npm run bench` runs beside jetgate (bench/compare/centrifugo.ts). */
+export const CENTRIFUGO_VERSION = "v6.9.1";
 
 interface GoTool {
   pkg: string;
@@ -29,6 +32,8 @@ interface GoTool {
   instead: string;
   /** What it is built for, in the one line said while it builds. */
   why: string;
+  /** `-ldflags` of the build, where the release sets something there (the version a binary reports). */
+  ldflags?: string;
 }
 const TOOLS = {
   "nats-server": {
@@ -42,6 +47,14 @@ const TOOLS = {
     version: HELM_VERSION,
     instead: "Helm 4 needs a current one)",
     why: "the chart tests lint and render the chart with it; 4-15 minutes on 2 cores, the first time",
+  },
+  centrifugo: {
+    pkg: "github.com/centrifugal/centrifugo/v6",
+    version: CENTRIFUGO_VERSION,
+    instead: "Centrifugo 6.9 needs a current one)",
+    why: "`npm run bench` compares jetgate with it (the `centrifugo` system, and the --nodes test that runs it); about 3 minutes on 2 cores",
+    // as its release builds do: without it the binary calls itself v0.0.0
+    ldflags: `-X github.com/centrifugal/centrifugo/v6/internal/build.Version=${CENTRIFUGO_VERSION.slice(1)}`,
   },
 } satisfies Record<string, GoTool>;
 export type PinnedTool = keyof typeof TOOLS;
@@ -57,6 +70,11 @@ export function pinnedPath(tool: PinnedTool, env: NodeJS.ProcessEnv = process.en
 
 export function pinnedNatsServerPath(env: NodeJS.ProcessEnv = process.env): string {
   return pinnedPath("nats-server", env);
+}
+
+/** The pinned Centrifugo (`npm run bench`'s `centrifugo` system); built by scripts/test-deps.sh or `pinned.ts install centrifugo`. */
+export function pinnedCentrifugoPath(env: NodeJS.ProcessEnv = process.env): string {
+  return pinnedPath("centrifugo", env);
 }
 
 /** Seconds between the lines that say a long step is still going. */
@@ -90,7 +108,7 @@ export function runLong(what: string, cmd: string, args: string[], env: NodeJS.P
 export async function ensurePinned(tool: PinnedTool, log: (msg: string) => void = () => {}): Promise<string> {
   const bin = pinnedPath(tool);
   if (existsSync(bin)) return bin;
-  const { pkg, version, instead, why } = TOOLS[tool];
+  const { pkg, version, instead, why, ldflags }: GoTool = TOOLS[tool];
   const go = spawnSync("go", ["version"], { encoding: "utf8" });
   const install = `install Go >= 1.26 (https://go.dev/dl/; ${instead}`;
   if (go.error !== undefined || go.status !== 0) throw new Error(`${tool} ${version} is built with Go (go install ${pkg}@${version}), and go is not on the PATH: ${install}`);
@@ -100,13 +118,14 @@ export async function ensurePinned(tool: PinnedTool, log: (msg: string) => void 
   const dir = join(cacheDir(), `${tool}-${version}`);
   mkdirSync(dir, { recursive: true });
   log(`building ${tool} ${version} with ${go.stdout.trim().replace(/^go version /, "")}, once per machine: ${why}`);
-  log(`  go install ${pkg}@${version} into ${dir}`);
+  const flags = ldflags !== undefined ? [`-ldflags=${ldflags}`] : [];
+  log(`  go install ${[...flags.map((f) => `'${f}'`), `${pkg}@${version}`].join(" ")} into ${dir}`);
   const t0 = Date.now();
   // built beside its place and renamed into it: a run reading it meanwhile never sees half a binary
   const tmp = mkdtempSync(join(dir, ".build-"));
   try {
     // CGO off: a static binary, and no C compiler needed
-    await runLong(`building ${tool}`, "go", ["install", `${pkg}@${version}`], { ...process.env, GOBIN: tmp, CGO_ENABLED: "0" }, log);
+    await runLong(`building ${tool}`, "go", ["install", ...flags, `${pkg}@${version}`], { ...process.env, GOBIN: tmp, CGO_ENABLED: "0" }, log);
     if (!existsSync(join(tmp, tool))) throw new Error(`go install ${pkg}@${version} made no ${tool}`);
     renameSync(join(tmp, tool), bin);
   } finally {
@@ -120,7 +139,7 @@ export function ensurePinnedNatsServer(log: (msg: string) => void = () => {}): P
   return ensurePinned("nats-server", log);
 }
 
-const USAGE = "usage: node --import tsx scripts/pinned.ts install [nats-server|helm]...  |  helm -- ARGS...";
+const USAGE = "usage: node --import tsx scripts/pinned.ts install [nats-server|helm|centrifugo]...  |  helm -- ARGS...";
 
 async function main(args: string[]): Promise<number> {
   if (args[0] === "install" && args.slice(1).every((a) => Object.hasOwn(TOOLS, a))) {

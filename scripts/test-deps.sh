@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # What `npm test` needs of the system, installed when missing (npm runs this as `pretest`): apt-get
 # as root, each package named with why; otherwise it stops at once, naming the one command to run.
-# Then the pinned nats-server and Helm (scripts/pinned.ts: built with go install into
-# ~/.cache/jetgate once per machine; each build says what it does). Go comes from the machine
+# Then the pinned nats-server, Helm and Centrifugo (scripts/pinned.ts: built with go install into
+# ~/.cache/jetgate once per machine; each build says what it does; Centrifugo for the --nodes bench
+# test, test/alone/nodes-bench.test.ts, which runs it beside jetgate). Go comes from the machine
 # (>= 1.21, which fetches the toolchain a module asks for), never Debian's golang-go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pinned() { node --import tsx scripts/pinned.ts install nats-server helm >/dev/null; }
+pinned() { node --import tsx scripts/pinned.ts install nats-server helm centrifugo >/dev/null; }
 missing=()
 why=()
 need() { missing+=("$1"); why+=("  $1: $2"); }

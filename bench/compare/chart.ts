@@ -86,14 +86,16 @@ const scaling = readdirSync(`${DIR}results`).includes(SCALING)
   ? [...new Map(read(SCALING).filter((r) => r.scenario === "fanout").map((r) => [`${r.system}/${r.nodes}`, r])).values()]
   : [];
 
-const color = { field: "system", type: "nominal", scale: { domain: ["jetgate", "uws-limit", "jetstream-limit", "socketio"], range: ["#1f77b4", "#7f7f7f", "#2ca02c", "#ff7f0e"] } } as const;
+/** The systems, in the order their bars stand. */
+const SYSTEM_ORDER = ["jetgate", "uws-limit", "jetstream-limit", "socketio", "centrifugo"];
+const color = { field: "system", type: "nominal", scale: { domain: SYSTEM_ORDER, range: ["#1f77b4", "#7f7f7f", "#2ca02c", "#ff7f0e", "#9467bd"] } } as const;
 const bars = (title: string, data: object[], field: string, axis: string, scenarioAxis = true): object => ({
   title,
   data: { values: data },
   mark: "bar",
   encoding: {
     ...(scenarioAxis ? { column: { field: "case", type: "nominal", title: null } } : {}),
-    x: { field: "system", type: "nominal", axis: { title: null, labelAngle: -30 }, sort: ["jetgate", "uws-limit", "jetstream-limit", "socketio"] },
+    x: { field: "system", type: "nominal", axis: { title: null, labelAngle: -30 }, sort: SYSTEM_ORDER },
     y: { field, type: "quantitative", title: axis },
     color,
   },
@@ -150,7 +152,7 @@ const spec: TopLevelSpec = {
           data: { values: costs },
           mark: "bar",
           encoding: {
-            x: { field: "system", type: "nominal", axis: { title: null, labelAngle: -30 }, sort: ["jetgate", "uws-limit", "jetstream-limit", "socketio"] },
+            x: { field: "system", type: "nominal", axis: { title: null, labelAngle: -30 }, sort: SYSTEM_ORDER },
             y: { field: "us", type: "quantitative", title: "us per entry", stack: "zero" },
             color: { field: "process", type: "nominal", title: "process" },
           },

@@ -2,7 +2,9 @@
  * The device load generator of `npm run bench`, the same for every system, run as its own process
  * (bench/compare/run.ts starts it under `ulimit -n <hard limit>`). Devices speak the system's
  * protocol: jetgate's (JWT AUTH, cursor on reconnect), the uws-limit and jetstream-limit servers' (jetgate frames, AUTH
- * names the user) or Socket.IO's (socket.io-client, msgpack parser, connection state recovery).
+ * names the user), Socket.IO's (socket.io-client, msgpack parser, connection state recovery) or
+ * Centrifugo's (the `centrifuge` SDK over protobuf, the user's channel subscribed server-side by the
+ * token's `channels` claim, recovery from history on reconnect).
  * Every entry body starts with its producer's wall-clock time and an id unique over the run
  * (bench/compare/entries.ts), so latency is measured across processes on one machine and an entry
  * a device gets twice is counted. With --nodes N the benchmark runs several generators, each with
@@ -24,10 +26,11 @@ import WebSocket from "ws";
 import { SignJWT } from "jose";
 import { io as ioClient, type Socket } from "socket.io-client";
 import msgpackParser from "socket.io-msgpack-parser";
+import { Centrifuge } from "centrifuge/build/protobuf";
 import { DEV_JWT_SECRET, decodeServerFrame, encodeFrame, unpackOne, type CursorToken } from "../../protocol/index.js";
 import { readStamp, record, type Histogram } from "./entries.js";
 
-type SystemName = "jetgate" | "uws-limit" | "jetstream-limit" | "socketio";
+type SystemName = "jetgate" | "uws-limit" | "jetstream-limit" | "socketio" | "centrifugo";
 const system = process.argv[2] as SystemName;
 const key = new TextEncoder().encode(process.env.JETGATE_JWT_SECRET ?? DEV_JWT_SECRET);
 const now = () => performance.timeOrigin + performance.now();
@@ -150,15 +153,71 @@ function socketioDevice(user: string, url: string): Device {
   return d;
 }
 
+/**
+ * A Centrifugo device: the `centrifuge` SDK (protobuf protocol, so a publication's data is its raw
+ * bytes) on the `ws` package, with a connection token whose `channels` claim subscribes the user's
+ * channel server-side. Connected once that subscription is subscribed (recovered, after a
+ * reconnect: what was missed comes from history right after). drop() cuts the socket as a network
+ * loss would and stops the SDK from reconnecting by itself until connect(); the SDK keeps the
+ * subscription's offset and epoch, so the next connect recovers what was published meanwhile.
+ */
+function centrifugoDevice(user: string, token: string, url: string): Device {
+  let client: Centrifuge | undefined;
+  let socket: WebSocket | undefined;
+  // the SDK constructs its socket with `new`: each one is kept, so that drop() can cut it
+  function TrackedSocket(address: string, protocols?: string | string[]): WebSocket {
+    socket = new WebSocket(address, protocols);
+    return socket;
+  }
+  const d: Device = {
+    user,
+    received: 0,
+    seen: new Set(),
+    connect: () =>
+      new Promise<void>((resolve, reject) => {
+        d.received = 0;
+        if (client === undefined) {
+          client = new Centrifuge(url, { token, websocket: TrackedSocket, timeout: 30_000 });
+          client.on("publication", (ctx) => onEntryBody(d, ctx.data as Uint8Array));
+          // the SDK trying again after a connection closed before it was subscribed
+          client.on("connecting", (ctx) => {
+            if (ctx.code !== 0) retries++;
+          });
+        }
+        const c = client;
+        const subscribed = () => {
+          c.off("disconnected", disconnected);
+          resolve();
+        };
+        const disconnected = (ctx: { code: number; reason: string }) => {
+          c.off("subscribed", subscribed);
+          reject(new Error(`centrifugo device ${user}: disconnected (${ctx.code} ${ctx.reason})`));
+        };
+        c.once("subscribed", subscribed);
+        c.once("disconnected", disconnected);
+        c.connect();
+      }),
+    drop: () => {
+      socket?.terminate();
+      client?.disconnect();
+    },
+  };
+  return d;
+}
+
 const devices: Device[] = [];
 
 async function connectAll(users: string[], urls: string[], ids: string[] | undefined): Promise<void> {
   for (let i = 0; i < users.length; i++) {
     const user = users[i]!;
-    const token = system === "jetgate"
-      ? await new SignJWT({}).setProtectedHeader({ alg: "HS256" }).setSubject(user).setExpirationTime(Math.floor(Date.now() / 1000) + 86400).sign(key)
+    // Centrifugo's connection token names the user's channel, subscribed server-side (bench/compare/centrifugo.ts)
+    const claims = system === "centrifugo" ? { channels: [`user:${user}`] } : {};
+    const token = system === "jetgate" || system === "centrifugo"
+      ? await new SignJWT(claims).setProtectedHeader({ alg: "HS256" }).setSubject(user).setExpirationTime(Math.floor(Date.now() / 1000) + 86400).sign(key)
       : "";
-    devices.push(system === "socketio" ? socketioDevice(user, urls[i]!) : jetgateDevice(user, token, urls[i]!, ids?.[i] ?? "bench"));
+    devices.push(system === "socketio" ? socketioDevice(user, urls[i]!)
+      : system === "centrifugo" ? centrifugoDevice(user, token, urls[i]!)
+      : jetgateDevice(user, token, urls[i]!, ids?.[i] ?? "bench"));
   }
   // in waves: a connection storm is its own scenario
   for (let i = 0; i < devices.length; i += 250) await Promise.all(devices.slice(i, i + 250).map((d) => d.connect()));

@@ -69,7 +69,7 @@ listenBare(port, byUser, {
   },
 });
 
-const nc = await connect({ servers: natsUrl });
+const nc = await connect({ servers: natsUrl.split(",") });
 const js = jetstream(nc);
 for (const shard of shards) {
   const consumer = await js.consumers.get(shardStream(shard), { deliver_policy: DeliverPolicy.New });

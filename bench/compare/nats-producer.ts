@@ -19,7 +19,7 @@ import { Window } from "../window.js";
 import { idSource, paced, stampedBody } from "./entries.js";
 
 const [mode, natsUrl, index] = [process.argv[2] as "dispatcher" | "bare", process.argv[3]!, Number(process.argv[4])];
-const nc = await connect({ servers: natsUrl });
+const nc = await connect({ servers: natsUrl.split(",") });
 const registry = await RegistryClient.open(nc);
 const nextId = idSource(index);
 const answer = (o: object) => process.stdout.write(JSON.stringify(o) + "\n");

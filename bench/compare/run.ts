@@ -1,10 +1,10 @@
 /**
  * jetgate side by side with the ceiling of its WebSocket layer (uws-limit), the floor of storing
- * every entry in JetStream (jetstream-limit) and Socket.IO, in one run, on one machine, with one
- * device load generator (bench/compare/devices.ts, its own process).
+ * every entry in JetStream (jetstream-limit), Socket.IO and Centrifugo (bench/compare/centrifugo.ts),
+ * in one run, on one machine, with one device load generator (bench/compare/devices.ts, its own process).
  *
  *   npm run bench -- <fanout|hot|idle|storm|catchup> [--devices N] [--users U] [--seconds S] [--entries N]
- *                    [--systems jetgate,uws-limit,jetstream-limit,socketio] [--nodes N] [--shards S]
+ *                    [--systems jetgate,uws-limit,jetstream-limit,socketio,centrifugo] [--nodes N] [--shards S]
  *                    [--generators G] [--json]
  *
  * fanout:  N devices (1,000), entries to random users: the throughput each system sustains (sent as
@@ -27,6 +27,8 @@
  * `hot` before the system does). BENCH_GENERATOR_CPUS=<list> pins the generators to those CPUs
  * (`taskset`), so that `taskset -c 0,1 npm run bench ...` gives the system two cores and the
  * devices their own. BENCH_SOURCE=1 runs jetgate from its sources instead of its build (the test suite).
+ * --cluster: every system on a 3-node NATS cluster with R3 shard streams and a 3-master Redis
+ * Cluster instead of one server of each (bench/compare/topology.ts); rows name it (`topology`).
  * With --json: one object per line per system, then a summary line of throughput ratios.
  */
 import { parseFlags, usageError } from "../../protocol/io/index.js";
@@ -35,6 +37,7 @@ import { readFileSync } from "node:fs";
 import { execFileSync } from "node:child_process";
 import { LineProcess, PUSH_LATENCY_BOUNDS, SYSTEMS, type System, type SystemName } from "./system-parts.js";
 import { startSystem } from "./systems.js";
+import type { TopologyKind } from "./topology.js";
 import { merge, quantile, type Histogram } from "./entries.js";
 import { STAGES, stageQuantileMs, type StageCounts } from "../../protocol/index.js";
 import { NATS_BIN } from "../../test/harness/servers.js";
@@ -42,8 +45,8 @@ import { Redis } from "ioredis";
 
 const USAGE = `usage: npm run bench -- <fanout|hot|idle|storm|catchup> [--devices N] [--users U] [--seconds S] [--entries N]
                    [--idle-seconds S] [--deadline-seconds S] [--systems ${SYSTEMS.join(",")}]
-                   [--nodes N] [--shards S] [--generators G] [--probes N] [--json]
-  jetgate beside the ceiling of its WebSocket layer, the floor of JetStream and Socket.IO (bench/README.md)`;
+                   [--nodes N] [--shards S] [--generators G] [--cluster] [--probes N] [--json]
+  jetgate beside the ceiling of its WebSocket layer, the floor of JetStream, Socket.IO and Centrifugo (bench/README.md)`;
 
 const { values, positionals } = parseFlags({
   allowPositionals: true,
@@ -58,6 +61,7 @@ const { values, positionals } = parseFlags({
     nodes: { type: "string", default: "1" },
     shards: { type: "string" },
     generators: { type: "string" },
+    cluster: { type: "boolean", default: false },
     probes: { type: "string", default: "4" },
     json: { type: "boolean", default: false },
   },
@@ -79,6 +83,8 @@ for (const s of systems) if (!SYSTEMS.includes(s)) throw new Error(`unknown syst
 const nodes = Number(values.nodes);
 const shards = Number(values.shards ?? Math.max(4, 2 * nodes));
 const generators = Number(values.generators ?? nodes);
+/** --cluster: a 3-node NATS cluster with R3 shard streams and a 3-master Redis Cluster (bench/compare/topology.ts). */
+const topology: TopologyKind = values.cluster ? "cluster" : "single";
 /** CPUs the device generators are pinned to (`taskset` list), apart from the system's. */
 const generatorCpus = process.env.BENCH_GENERATOR_CPUS || undefined;
 const probeCount = Number(values.probes);
@@ -287,9 +293,10 @@ async function settled(gens: Generators): Promise<Report> {
 
 /** Messages nats-server has taken in and sent out so far (its /varz), when the system has one. */
 async function natsMessages(sys: System): Promise<number | undefined> {
-  if (sys.natsMonitorPort === undefined) return undefined;
-  const v = (await (await fetch(`http://127.0.0.1:${sys.natsMonitorPort}/varz`)).json()) as { in_msgs: number; out_msgs: number };
-  return v.in_msgs + v.out_msgs;
+  if (sys.natsMonitorPorts === undefined) return undefined;
+  // on a cluster, every node's: the routes between them (R3 replication, interest) are messages too
+  const varz = await Promise.all(sys.natsMonitorPorts.map(async (port) => (await (await fetch(`http://127.0.0.1:${port}/varz`)).json()) as { in_msgs: number; out_msgs: number }));
+  return varz.reduce((n, v) => n + v.in_msgs + v.out_msgs, 0);
 }
 
 /**
@@ -297,20 +304,23 @@ async function natsMessages(sys: System): Promise<number | undefined> {
  * and the microseconds it spent in each (`usec:<name>`), when the system has a Redis.
  */
 async function redisCommands(sys: System): Promise<Map<string, number> | undefined> {
-  if (sys.redisUrl === undefined) return undefined;
-  const r = new Redis(sys.redisUrl, { lazyConnect: true, maxRetriesPerRequest: 1 });
-  try {
-    await r.connect();
-    const text = await r.info("commandstats");
-    const out = new Map<string, number>();
-    for (const m of text.matchAll(/^cmdstat_([^:]+):calls=(\d+),usec=(\d+)/gm)) {
-      out.set(m[1]!, Number(m[2]));
-      out.set(`usec:${m[1]!}`, Number(m[3]));
+  if (sys.redisUrls === undefined) return undefined;
+  const out = new Map<string, number>();
+  // each node of a cluster on its own (INFO is per node), summed
+  for (const url of sys.redisUrls) {
+    const r = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 1 });
+    try {
+      await r.connect();
+      const text = await r.info("commandstats");
+      for (const m of text.matchAll(/^cmdstat_([^:]+):calls=(\d+),usec=(\d+)/gm)) {
+        out.set(m[1]!, (out.get(m[1]!) ?? 0) + Number(m[2]));
+        out.set(`usec:${m[1]!}`, (out.get(`usec:${m[1]!}`) ?? 0) + Number(m[3]));
+      }
+    } finally {
+      r.disconnect();
     }
-    return out;
-  } finally {
-    r.disconnect();
   }
+  return out;
 }
 
 /**
@@ -494,7 +504,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
     ...(sys.name === "jetgate" && process.env.BENCH_MAX_BATCH !== undefined ? { max_batch: Number(process.env.BENCH_MAX_BATCH) } : {}),
     ...(sys.name === "jetgate" && process.env.BENCH_MIN_BATCH !== undefined ? { min_batch: Number(process.env.BENCH_MIN_BATCH) } : {}),
     sent_max: sent, delivered_max: max.received, sent_half: sentHalf, delivered_half: half.received,
-    duplicates: max.duplicates + half.duplicates, half_rate: halfRate, ...(sys.natsMonitorPort !== undefined ? { shards } : {}),
+    duplicates: max.duplicates + half.duplicates, half_rate: halfRate, ...(sys.natsMonitorPorts !== undefined ? { shards } : {}),
   };
 }
 
@@ -564,15 +574,19 @@ const natsVersion = execFileSync(NATS_BIN, ["--version"], { encoding: "utf8" }).
 // availableParallelism follows the CPU affinity (`taskset`): the cores the system's processes may use
 const usable = availableParallelism() < cpus().length ? `, ${availableParallelism()} of them for the system` : "";
 const machine = `${cpus().length} cores (${cpus()[0]?.model.trim()})${usable}, node ${process.version}, nats-server ${natsVersion}`;
-if (!values.json) console.log(`bench ${scenario}: ${devices} devices, ${nodes} node(s); ${machine}; ${new Date().toISOString()}`);
+if (!values.json) console.log(`bench ${scenario}: ${devices} devices, ${nodes} node(s)${topology === "cluster" ? ", on clusters" : ""}; ${machine}; ${new Date().toISOString()}`);
 for (const name of systems) {
-  const sys = await startSystem(name, { nodes, shards });
+  const sys = await startSystem(name, { nodes, shards, topology });
   const gens = new Generators(sys, generators);
   try {
-    const row = scenario === "fanout" || scenario === "hot" ? await fanout(sys, gens)
+    const measured = scenario === "fanout" || scenario === "hot" ? await fanout(sys, gens)
       : scenario === "idle" ? await idle(sys, gens)
       : scenario === "storm" ? await storm(sys, gens, 10)
       : { ...(await storm(sys, gens, entries)), scenario };
+    // every row names the servers it ran on
+    const { scenario: sc, system: sy, ...rest } = measured;
+    // a third-party server names its version (centrifugo: `centrifugo version`)
+    const row: Row = { scenario: sc, system: sy, topology: sys.topology, ...(sys.version !== undefined ? { server_version: sys.version } : {}), ...rest };
     rows.push(row);
     if (values.json) console.log(JSON.stringify(row));
     else console.log(Object.entries(row).filter(([, v]) => v !== undefined).map(([k, v]) => `${k}=${typeof v === "object" ? JSON.stringify(v) : v}`).join("  "));
@@ -586,9 +600,10 @@ const sustainedRate = (s: SystemName) => (rows.find((r) => r.system === s)?.sust
 const ratio = (a: number | null, b: number | null) => (a !== null && b !== null && b > 0 ? Number((a / b).toFixed(3)) : null);
 const summary = {
   scenario, summary: true, ratio_vs_limit: ratio(rate("jetgate"), rate("uws-limit")), ratio_vs_jetstream_limit: ratio(rate("jetgate"), rate("jetstream-limit")),
-  ratio_vs_socketio: ratio(rate("jetgate"), rate("socketio")),
+  ratio_vs_socketio: ratio(rate("jetgate"), rate("socketio")), ratio_vs_centrifugo: ratio(rate("jetgate"), rate("centrifugo")),
   // the same on the sustained rates (fanout and hot)
-  sustained_vs_jetstream_limit: ratio(sustainedRate("jetgate"), sustainedRate("jetstream-limit")), sustained_vs_socketio: ratio(sustainedRate("jetgate"), sustainedRate("socketio")), nodes, machine, date: new Date().toISOString(),
+  sustained_vs_jetstream_limit: ratio(sustainedRate("jetgate"), sustainedRate("jetstream-limit")), sustained_vs_socketio: ratio(sustainedRate("jetgate"), sustainedRate("socketio")),
+  sustained_vs_centrifugo: ratio(sustainedRate("jetgate"), sustainedRate("centrifugo")), nodes, topology, machine, date: new Date().toISOString(),
 };
 console.log(values.json ? JSON.stringify(summary) : Object.entries(summary).map(([k, v]) => `${k}=${v}`).join("  "));
 process.exit(0);

@@ -4,17 +4,17 @@
  * from a producer process through the adapter (bench/compare/socketio-producer.ts). After the
  * handshake (and the replay of missed packets, for a recovered session) the server emits "synced".
  *
- *   node --import tsx bench/compare/socketio-server.ts <port> <redis-url>
+ *   node --import tsx bench/compare/socketio-server.ts <port> <redis-urls> <cluster: true|false>
  */
 import { createServer } from "node:http";
 import { Server } from "socket.io";
 import msgpackParser from "socket.io-msgpack-parser";
 import { createAdapter } from "@socket.io/redis-streams-adapter";
-import { Redis } from "ioredis";
+import { redisOf } from "./redis-client.js";
 
-const [port, redisUrl] = [Number(process.argv[2]), process.argv[3]!];
+const port = Number(process.argv[2]);
 // the benchmark stops Redis before this process: errors then are expected and not worth a trace
-const redis = new Redis(redisUrl);
+const redis = redisOf(process.argv[3]!, process.argv[4] === "true");
 redis.on("error", () => undefined);
 const http = createServer();
 const io = new Server(http, {

@@ -7,29 +7,36 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface, type Interface } from "node:readline";
 import { PUSH_LATENCY_BUCKETS_S, type StageCounts } from "../../protocol/index.js";
+import type { TopologyKind } from "./topology.js";
 
-export type SystemName = "jetgate" | "uws-limit" | "jetstream-limit" | "socketio";
-export const SYSTEMS: SystemName[] = ["jetgate", "uws-limit", "jetstream-limit", "socketio"];
+export type SystemName = "jetgate" | "uws-limit" | "jetstream-limit" | "socketio" | "centrifugo";
+export const SYSTEMS: SystemName[] = ["jetgate", "uws-limit", "jetstream-limit", "socketio", "centrifugo"];
 
 export interface SystemOptions {
   /** Copies of every process that scales out. */
   nodes: number;
   /** Shard streams (jetgate, jetstream-limit). */
   shards: number;
+  /** One server of NATS and of Redis, or clusters of them (`--cluster`, bench/compare/topology.ts). */
+  topology: TopologyKind;
 }
 
 export interface System {
   name: SystemName;
+  /** The server's own version line, where it is a third-party binary (rows carry it as `server_version`). */
+  version?: string;
   /** Where the device of user `u<i>` connects (as a load balancer would place it). */
   deviceUrl(i: number): string;
   /** The device-facing server processes (RSS and CPU are reported for them). */
   serverPids: number[];
   /** Every process of the system, by role, for CPU shares. */
   pids: Record<string, number[]>;
-  /** nats-server's monitoring port, where the system has one: messages it handled per entry. */
-  natsMonitorPort?: number;
-  /** Redis, where the system has one: commands it ran per entry (INFO commandstats). */
-  redisUrl?: string;
+  /** The servers it runs on, as a row names them (Topology.label). */
+  topology: string;
+  /** nats-server's monitoring ports (one per node), where the system has NATS: messages handled per entry. */
+  natsMonitorPorts?: number[];
+  /** Redis's nodes, where the system has Redis: commands run per entry (INFO commandstats of each). */
+  redisUrls?: string[];
   /**
    * jetgate's stage histograms (protocol/stages.ts) so far, summed over its processes: per stage,
    * the count in each bucket of STAGE_BUCKETS_S (then above it). Two readings' difference is a phase's.

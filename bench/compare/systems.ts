@@ -1,34 +1,39 @@
 /**
- * The four systems `npm run bench` compares, each started fresh on its own servers, with `nodes`
+ * The five systems `npm run bench` compares, each started fresh on its own servers, with `nodes`
  * copies of every process that scales out (`--nodes N`):
  * - jetgate: N Dispatcher processes -> JetStream (S shard streams) -> N workers -> N gateways;
  * - uws-limit: N bare uWebSockets.js servers sending from memory, each to its own devices;
  * - jetstream-limit: N producers appending to the same S shard streams, N bare servers each
  *   consuming its share of the streams and sending straight to the devices whose users they hold
  *   (the floor of storing every entry in JetStream);
- * - socketio: N Socket.IO servers on the Redis streams adapter, N producer processes.
- * NATS and Redis stay single servers: what one of each carries is part of what is measured.
+ * - socketio: N Socket.IO servers on the Redis streams adapter, N producer processes;
+ * - centrifugo: N Centrifugo servers on the Redis engine, N producer processes (bench/compare/centrifugo.ts).
+ * NATS and Redis are one server each, or with `--cluster` a 3-node NATS cluster with R3 streams and
+ * a 3-master Redis Cluster (bench/compare/topology.ts): what they carry is part of what is measured.
  */
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import { STAGE_BUCKETS_S, emptyStageCounts, stageCountsOf, type StageCounts } from "../../protocol/index.js";
 import { RegistryClient } from "../../protocol/io/index.js";
-import { NatsServer, RedisServer, freePort } from "../../test/harness/servers.js";
-import { initStack, metricIn, spawnGateway, spawnWorker, startInfra, type JetgateProcess } from "../../test/harness/stack.js";
+import { freePort } from "../../test/harness/servers.js";
+import { initStack, metricIn, spawnGateway, spawnWorker, type JetgateProcess } from "../../test/harness/stack.js";
 import { waitFor } from "../../test/harness/wait.js";
+import { startCentrifugo } from "./centrifugo.js";
 import { LineProcess, PUSH_LATENCY_BOUNDS, sendSplit, slices, times, type System, type SystemName, type SystemOptions } from "./system-parts.js";
+import { startTopology } from "./topology.js";
 
 export async function startSystem(name: SystemName, opts: SystemOptions): Promise<System> {
   if (name === "jetgate") return startJetgate(opts);
   if (name === "uws-limit") return startUwsLimit(opts);
   if (name === "jetstream-limit") return startJetStreamLimit(opts);
+  if (name === "centrifugo") return startCentrifugo(opts);
   return startSocketio(opts);
 }
 
 /** The producer processes of the systems that append to JetStream (bench/compare/nats-producer.ts). */
-async function natsProducers(mode: "dispatcher" | "bare", natsUrl: string, n: number): Promise<LineProcess[]> {
+async function natsProducers(mode: "dispatcher" | "bare", natsUrls: string[], n: number): Promise<LineProcess[]> {
   // BENCH_PROFILE=producer: jetgate's producers (the Dispatcher) run under --cpu-prof
   const prof = mode === "dispatcher" && process.env.BENCH_PROFILE === "producer" ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR ?? "bench/profiles"}`] : [];
-  return times(n, (k) => LineProcess.node("bench/compare/nats-producer.ts", [mode, natsUrl, String(k)], {}, prof));
+  return times(n, (k) => LineProcess.node("bench/compare/nats-producer.ts", [mode, natsUrls.join(","), String(k)], {}, prof));
 }
 
 /** A process's stage histograms from its /metrics text: per stage, per-bucket counts. */
@@ -56,14 +61,18 @@ export function addStages(a: Record<string, StageCounts>, b: Record<string, Stag
   return a;
 }
 
-async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
-  const infra = await startInfra({
+async function startJetgate({ nodes, shards, topology }: SystemOptions): Promise<System> {
+  const top = await startTopology(topology, { nats: true, redis: true });
+  const infra = {
+    env: {
+    ...top.env,
     JETGATE_SHARDS: String(shards), JETGATE_LOG_LEVEL: "error", JETGATE_RATE_USER_FRAMES_PER_S: "100000",
     // the hot scenario's 50 devices a user are over the default per-user connection limit
     JETGATE_MAX_CONNS_PER_IP: "0", JETGATE_MAX_CONNS_PER_USER: "1000", JETGATE_AUTH_TIMEOUT_MS: "60000",
     // settings to compare (JETGATE_HOT_CACHE_MAXLEN=0 ...) pass through from the bench's environment
     ...Object.fromEntries(Object.entries(process.env).filter((e): e is [string, string] => e[0].startsWith("JETGATE_") && !e[0].startsWith("JETGATE_HARNESS") && e[1] !== undefined)),
-  });
+    },
+  };
   await initStack(infra.env);
   // BENCH_PROFILE=gateway|worker (|producer, above): those processes run under --cpu-prof (profiles written on stop)
   const prof = (who: string) => (process.env.BENCH_PROFILE === who ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR ?? "bench/profiles"}`] : []);
@@ -76,16 +85,17 @@ async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
     const held = await Promise.all(workers.map((w) => w.metric("jetgate_worker_lease_held")));
     return held.reduce((a, b) => a + b, 0) === shards && held.every((h) => h <= share);
   }, { timeoutMs: 60_000 });
-  const producers = await natsProducers("dispatcher", infra.nats.url, nodes);
+  const producers = await natsProducers("dispatcher", top.natsUrls, nodes);
   const processed = async () => (await Promise.all(workers.map((w) => w.metric("jetgate_worker_entries_processed_total")))).reduce((a, b) => a + b, 0);
   return {
     name: "jetgate",
     // one device per user: each user's devices on one gateway, as a load balancer hashing users would
     deviceUrl: (i) => `ws://127.0.0.1:${gateways[i % nodes]!.httpPort}/v1/ws`,
     serverPids: gateways.map((g) => g.pid),
-    pids: { gateway: gateways.map((g) => g.pid), worker: workers.map((w) => w.pid), nats: [infra.nats.pid!], redis: [infra.redis.pid!], producer: producers.map((p) => p.proc.pid!) },
-    natsMonitorPort: infra.nats.monitorPort,
-    redisUrl: infra.redis.url,
+    pids: { gateway: gateways.map((g) => g.pid), worker: workers.map((w) => w.pid), nats: top.natsPids, redis: top.redisPids, producer: producers.map((p) => p.proc.pid!) },
+    topology: top.label,
+    natsMonitorPorts: top.natsMonitorPorts,
+    redisUrls: top.redisUrls,
     async stages() {
       const texts = await Promise.all([...workers, ...gateways].map(async (p) => (await p.http("/metrics")).text));
       const own = (await Promise.all(producers.map((p) => p.ask({ cmd: "stages" })))) as unknown as Record<string, StageCounts>[];
@@ -132,7 +142,7 @@ async function startJetgate({ nodes, shards }: SystemOptions): Promise<System> {
       for (const p of producers) await p.stop();
       // SIGTERM: a profiled process writes its profile on the way out
       for (const p of procs) await p.kill(process.env.BENCH_PROFILE ? "SIGTERM" : "SIGKILL");
-      await infra.dispose();
+      await top.dispose();
     },
   };
 }
@@ -143,6 +153,7 @@ async function startUwsLimit({ nodes }: SystemOptions): Promise<System> {
   await Promise.all(servers.map((s) => s.next()));
   return {
     name: "uws-limit",
+    topology: "no servers",
     deviceUrl: (i) => `ws://127.0.0.1:${ports[i % nodes]}/v1/ws`,
     serverPids: servers.map((s) => s.proc.pid!),
     pids: { server: servers.map((s) => s.proc.pid!) },
@@ -164,24 +175,26 @@ async function startUwsLimit({ nodes }: SystemOptions): Promise<System> {
  * (bench/compare/nats-producer.ts, `bare`); server k consumes shards k, k+N, ... and holds the
  * devices of their users (bench/compare/jetstream-limit-server.ts).
  */
-async function startJetStreamLimit({ nodes, shards }: SystemOptions): Promise<System> {
-  const nats = await NatsServer.start();
-  await initStack({ JETGATE_NATS_URL: nats.url, JETGATE_SHARDS: String(shards), JETGATE_LOG_LEVEL: "error" });
+async function startJetStreamLimit({ nodes, shards, topology }: SystemOptions): Promise<System> {
+  const top = await startTopology(topology, { nats: true, redis: false });
+  const natsUrl = top.natsUrls.join(",");
+  await initStack({ ...top.env, JETGATE_SHARDS: String(shards), JETGATE_LOG_LEVEL: "error" });
   const ports = await Promise.all(times(nodes, () => freePort()));
   const servers = ports.map((port, k) => {
     const mine = times(shards, (s) => s).filter((s) => s % nodes === k);
-    return LineProcess.node("bench/compare/jetstream-limit-server.ts", [String(port), nats.url, mine.join(",")]);
+    return LineProcess.node("bench/compare/jetstream-limit-server.ts", [String(port), natsUrl, mine.join(",")]);
   });
   await Promise.all(servers.map((s) => s.next()));
-  const nc: NatsConnection = await connect({ servers: nats.url });
+  const nc: NatsConnection = await connect({ servers: top.natsUrls });
   const registry = await RegistryClient.open(nc);
-  const producers = await natsProducers("bare", nats.url, nodes);
+  const producers = await natsProducers("bare", top.natsUrls, nodes);
   return {
     name: "jetstream-limit",
     deviceUrl: (i) => `ws://127.0.0.1:${ports[registry.shards.shardOf(`u${i}`)! % nodes]}/v1/ws`,
     serverPids: servers.map((s) => s.proc.pid!),
-    pids: { server: servers.map((s) => s.proc.pid!), nats: [nats.pid!], producer: producers.map((p) => p.proc.pid!) },
-    natsMonitorPort: nats.monitorPort,
+    pids: { server: servers.map((s) => s.proc.pid!), nats: top.natsPids, producer: producers.map((p) => p.proc.pid!) },
+    topology: top.label,
+    natsMonitorPorts: top.natsMonitorPorts,
     logs: () => [],
     sendFor: (seconds, users, rate) => sendSplit(producers, { cmd: "send", seconds, users }, rate),
     async sendEach(users, perUser) {
@@ -192,23 +205,26 @@ async function startJetStreamLimit({ nodes, shards }: SystemOptions): Promise<Sy
       await registry.close();
       await nc.close();
       for (const s of servers) await s.stop();
-      await nats.dispose();
+      await top.dispose();
     },
   };
 }
 
-async function startSocketio({ nodes }: SystemOptions): Promise<System> {
-  const redis = await RedisServer.start();
+async function startSocketio({ nodes, topology }: SystemOptions): Promise<System> {
+  const top = await startTopology(topology, { nats: false, redis: true });
+  // on a Redis Cluster the adapter's one stream lives on one master; ioredis's Cluster client finds it
+  const redis = [top.redisUrls.join(","), String(top.redisCluster)];
   const ports = await Promise.all(times(nodes, () => freePort()));
-  const servers = ports.map((port) => LineProcess.node("bench/compare/socketio-server.ts", [String(port), redis.url]));
+  const servers = ports.map((port) => LineProcess.node("bench/compare/socketio-server.ts", [String(port), ...redis]));
   await Promise.all(servers.map((s) => s.next()));
-  const producers = times(nodes, (k) => LineProcess.node("bench/compare/socketio-producer.ts", [redis.url, String(k)]));
+  const producers = times(nodes, (k) => LineProcess.node("bench/compare/socketio-producer.ts", [...redis, String(k)]));
   return {
     name: "socketio",
     deviceUrl: (i) => `http://127.0.0.1:${ports[i % nodes]}`,
     serverPids: servers.map((s) => s.proc.pid!),
-    pids: { server: servers.map((s) => s.proc.pid!), producer: producers.map((p) => p.proc.pid!), redis: [redis.pid!] },
-    redisUrl: redis.url,
+    pids: { server: servers.map((s) => s.proc.pid!), producer: producers.map((p) => p.proc.pid!), redis: top.redisPids },
+    topology: top.label,
+    redisUrls: top.redisUrls,
     logs: () => [],
     sendFor: (seconds, users, rate) => sendSplit(producers, { cmd: "send", seconds, users }, rate),
     async sendEach(users, perUser) {
@@ -217,7 +233,7 @@ async function startSocketio({ nodes }: SystemOptions): Promise<System> {
     async stop() {
       for (const p of producers) await p.stop();
       for (const s of servers) await s.stop();
-      await redis.dispose();
+      await top.dispose();
     },
   };
 }

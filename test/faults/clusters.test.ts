@@ -10,33 +10,9 @@ import { RedisKeys } from "../../protocol/index.js";
 import { loadConfig, RegistryClient, connectNats, connectRedis } from "../../protocol/io/index.js";
 import { MailboxReader } from "../../gateway/mailbox/reader.js";
 import { runScenario } from "../harness/faults.js";
-import { NatsServer, RedisServer, freePort, startAll } from "../harness/servers.js";
-import { redisClient } from "../harness/stack.js";
-import { sleep, waitFor } from "../harness/wait.js";
-
-
-async function redisCluster(): Promise<RedisServer[]> {
-  const args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no"];
-  // the bus port on a free port of its own (by default it is port + 10000, which may be taken)
-  const busPorts = await Promise.all([freePort(), freePort(), freePort()]);
-  const nodes = await startAll(busPorts.map((bus) => () => RedisServer.start({ args: [...args, "--cluster-port", String(bus)] })));
-  const clients = await Promise.all(nodes.map((n) => redisClient(n.url)));
-  try {
-    const ranges = [[0, 5460], [5461, 10922], [10923, 16383]] as const;
-    await Promise.all(clients.map((c, i) => c.call("CLUSTER", "ADDSLOTSRANGE", String(ranges[i]![0]), String(ranges[i]![1]))));
-    for (let i = 1; i < nodes.length; i++) await clients[0]!.call("CLUSTER", "MEET", "127.0.0.1", String(nodes[i]!.port), String(busPorts[i]));
-    await waitFor("the Redis cluster is ok", async () => {
-      const infos = await Promise.all(clients.map((c) => c.call("CLUSTER", "INFO") as Promise<string>));
-      return infos.every((i) => i.includes("cluster_state:ok") && i.includes("cluster_known_nodes:3"));
-    }, { timeoutMs: 20_000 });
-  } catch (err) {
-    await Promise.all(nodes.map((n) => n.dispose()));
-    throw err;
-  } finally {
-    for (const c of clients) c.disconnect();
-  }
-  return nodes;
-}
+import { redisCluster } from "../harness/clusters.js";
+import { NatsServer } from "../harness/servers.js";
+import { sleep } from "../harness/wait.js";
 
 test("fault - 3-master Redis Cluster: one master SIGKILLed and restarted empty", async () => {
   const nats = await NatsServer.start();

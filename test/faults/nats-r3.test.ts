@@ -12,16 +12,9 @@ import { connect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { shardStream } from "../../protocol/index.js";
 import { runScenario } from "../harness/faults.js";
-import { NatsServer, RedisServer, freePort, startAll } from "../harness/servers.js";
+import { natsCluster } from "../harness/clusters.js";
+import { RedisServer } from "../harness/servers.js";
 import { sleep } from "../harness/wait.js";
-
-async function natsCluster(): Promise<NatsServer[]> {
-  const routes = await Promise.all([freePort(), freePort(), freePort()]);
-  const ports = await Promise.all([freePort(), freePort(), freePort()]);
-  const conf = (i: number) =>
-    `server_name: n${i}\ncluster {\n  name: jg\n  listen: "127.0.0.1:${routes[i]}"\n  routes: [${routes.map((p) => `"nats-route://127.0.0.1:${p}"`).join(", ")}]\n}\n`;
-  return startAll([0, 1, 2].map((i) => () => NatsServer.start({ config: conf(i), port: ports[i]! })));
-}
 
 test("fault - 3-node NATS cluster, R3 streams: the stream leader is SIGKILLed", async () => {
   const nodes = await natsCluster();
