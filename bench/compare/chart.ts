@@ -25,6 +25,8 @@ interface Row {
   case?: string;
   system: string;
   nodes?: number;
+  /** The servers it ran on (bench/compare/topology.ts); rows before --cluster have none: one of each. */
+  topology?: string;
   entries_per_s: number | null;
   /** fanout and hot: the highest paced rate held with p99 under 1 s (bench/compare/run.ts). */
   sustained_per_s?: number | null;
@@ -68,11 +70,15 @@ const sinceOf = (scenario: string) => {
   return given !== undefined && last >= given ? given : new Date(Date.parse(last) - 3600_000).toISOString();
 };
 const since = [...newest.keys()].map((sc) => `${sc} ${sinceOf(sc)}`).join(", ");
+/** A row of `--cluster`: a NATS cluster with R3 streams and a Redis Cluster (drawn as cases of their own). */
+function onCluster(r: Row): boolean {
+  return r.topology !== undefined && /cluster|R3/.test(r.topology);
+}
 /** Of each scenario and system's runs of its latest round, the median one (by sustained rate where measured, else entries/s, or by RSS per connection for idle). */
 function medians(rs: (Row & { date: string })[]): Row[] {
   const groups = new Map<string, (Row & { date: string })[]>();
   for (const r of rs.filter((x) => x.date >= sinceOf(x.scenario) && (x.nodes ?? 1) === 1)) {
-    const k = `${r.scenario}/${r.system}/${r.devices}`;
+    const k = `${r.scenario}/${r.system}/${r.devices}/${onCluster(r)}`;
     groups.set(k, [...(groups.get(k) ?? []), r]);
   }
   return [...groups.values()].map((g) => {
@@ -80,7 +86,7 @@ function medians(rs: (Row & { date: string })[]): Row[] {
     return [...g].sort((a, b) => key(a) - key(b))[Math.floor((g.length - 1) / 2)]!;
   });
 }
-const rows: Row[] = medians(all).map((r) => ({ ...r, case: `${r.scenario} (${r.devices.toLocaleString("en-US")})` }));
+const rows: Row[] = medians(all).map((r) => ({ ...r, case: `${r.scenario} (${r.devices.toLocaleString("en-US")}${onCluster(r) ? ", clusters" : ""})` }));
 // --nodes N: the newest run of each system and N
 const scaling = readdirSync(`${DIR}results`).includes(SCALING)
   ? [...new Map(read(SCALING).filter((r) => r.scenario === "fanout").map((r) => [`${r.system}/${r.nodes}`, r])).values()]
@@ -105,10 +111,23 @@ const bars = (title: string, data: object[], field: string, axis: string, scenar
   height: 220,
 });
 
-/** One bar segment per process of each system's fanout row: where its CPU per entry goes. */
-const costs = rows
-  .filter((r) => r.scenario === "fanout" && r.us_per_entry !== undefined)
+/** One bar segment per process of each system's fanout row: where its CPU per entry goes (one server of each, or the clusters). */
+const costsOf = (cluster: boolean) => rows
+  .filter((r) => r.scenario === "fanout" && onCluster(r) === cluster && r.us_per_entry !== undefined)
   .flatMap((r) => Object.entries(r.us_per_entry!).filter(([p]) => p !== "total" && p !== "devices").map(([process, us]) => ({ system: r.system, process, us })));
+const costChart = (title: string, values: object[]) => ({
+  title,
+  data: { values },
+  mark: "bar",
+  encoding: {
+    x: { field: "system", type: "nominal", axis: { title: null, labelAngle: -30 }, sort: SYSTEM_ORDER },
+    y: { field: "us", type: "quantitative", title: "us per entry", stack: "zero" },
+    color: { field: "process", type: "nominal", title: "process" },
+  },
+  width: 160,
+  height: 220,
+});
+const clusterCosts = costsOf(true);
 
 const spec: TopLevelSpec = {
   $schema: "https://vega.github.io/schema/vega-lite/v6.json",
@@ -126,7 +145,7 @@ const spec: TopLevelSpec = {
     {
       resolve: { scale: { color: "independent" }, legend: { color: "independent" } },
       hconcat: [
-        bars("fanout p99 at half load (ms, lower is better)", rows.filter((r) => r.scenario === "fanout"), "p99_ms", "ms", false),
+        bars("fanout p99 at half load (ms, lower is better)", rows.filter((r) => r.scenario === "fanout" && !onCluster(r)), "p99_ms", "ms", false),
         bars("idle RSS per connection (KiB, lower is better)", rows.filter((r) => r.scenario === "idle"), "rss_per_conn_kib", "KiB", false),
       ],
     },
@@ -147,18 +166,8 @@ const spec: TopLevelSpec = {
               height: 220,
             }]
           : []),
-        {
-          title: "fanout CPU per delivered entry (us, by process, lower is better)",
-          data: { values: costs },
-          mark: "bar",
-          encoding: {
-            x: { field: "system", type: "nominal", axis: { title: null, labelAngle: -30 }, sort: SYSTEM_ORDER },
-            y: { field: "us", type: "quantitative", title: "us per entry", stack: "zero" },
-            color: { field: "process", type: "nominal", title: "process" },
-          },
-          width: 160,
-          height: 220,
-        },
+        costChart("fanout CPU per delivered entry (us, by process, lower is better)", costsOf(false)),
+        ...(clusterCosts.length > 0 ? [costChart("the same on clusters (NATS R3, Redis Cluster)", clusterCosts)] : []),
       ],
     },
   ],
@@ -166,7 +175,7 @@ const spec: TopLevelSpec = {
 
 // the table for RESULTS.md, from the same rows
 const cell = (v: unknown) => (v === null || v === undefined ? "" : String(v));
-const cols = ["scenario", "system", "devices", "entries_per_s", "sustained_per_s", "p50_ms", "p99_ms", "server_rss_mb", "server_cpu_pct", "rss_per_conn_kib", "complete_ms", "us_per_entry", "note"] as const;
+const cols = ["scenario", "system", "topology", "devices", "entries_per_s", "sustained_per_s", "p50_ms", "p99_ms", "server_rss_mb", "server_cpu_pct", "rss_per_conn_kib", "complete_ms", "us_per_entry", "note"] as const;
 /** `total (process us, ...)`, devices last: they are the benchmark's, not the system's. */
 const us = (u: Record<string, number> | undefined) =>
   u === undefined ? "" : `${u.total} (${Object.entries(u).filter(([p]) => p !== "total").map(([p, v]) => `${p} ${v}`).join(", ")})`;
