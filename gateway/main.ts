@@ -27,6 +27,7 @@ import { RouteTable } from "./hub/routes.js";
 import { startServer } from "./http/server.js";
 import { ServiceAuth } from "./http/service-auth.js";
 import { ServiceTokensSource } from "./http/service-tokens-source.js";
+import { ConnectionCapacity } from "./connection-capacity.js";
 import type { Session } from "./session/session.js";
 import { SessionRegistry } from "./hub/sessions.js";
 import { loadUws } from "./uws.js";
@@ -123,16 +124,21 @@ export async function runGateway(env: Record<string, string | undefined> = proce
   });
   metrics.dispatchStats = () => dispatcher.stats;
   let draining = false;
+  let capacity: ConnectionCapacity | undefined = undefined;
   const ops = await startOpsHttp(config.JETGATE_GATEWAY_METRICS_PORT, config.JETGATE_METRICS_HOST, metrics.registry, {
     problems: () => {
       const p: string[] = [];
+      // not ready before the device port listens
+      if (capacity === undefined) p.push("starting");
       if (draining) p.push("draining");
       p.push(...health.problems());
       if (registry.state.shards.size === 0) p.push("registry");
       if (!revocations.loaded) p.push("revocations");
+      const full = capacity?.problem();
+      if (full !== undefined) p.push(full);
       return p;
     },
-    detail: () => health.detail(),
+    detail: () => ({ ...health.detail(), ...(capacity?.problem() !== undefined ? { capacity: capacity.detail() } : {}) }),
   });
   const stats = answerStats(nc, { kind: "gateway", id: gatewayId, regressions: metrics.regressions, health, extra: () => ({ connections: sessions.all.size }) }, config.JETGATE_OPS_KEY);
   let jsm: Promise<JetStreamManager> | undefined;
@@ -141,7 +147,11 @@ export async function runGateway(env: Record<string, string | undefined> = proce
     lookupUser: (user: string) => lookupUser({ nc, redis, keys, registry, mailbox, roster, timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS }, user),
   };
   const usersApi: UsersApiDeps = { config, nc, redis, keys, revocationStore, registry, mailbox, cursors: ctx.cursors, metrics, roster, timeoutMs: config.JETGATE_DEPENDENCY_TIMEOUT_MS, log, audit };
-  const server = await startServer(uws, config, ctx, dispatcher, serviceAuth, () => health.problems(), admin, usersApi);
+  // everything but devices is open now: what is left of the file limit is theirs, less a reserve
+  const files = new ConnectionCapacity(config, log, metrics);
+  const server = await startServer(uws, config, ctx, dispatcher, serviceAuth, { unavailable: () => health.problems(), admin, usersApi, maxConnections: files.plan.maxConnections });
+  files.watch(server);
+  capacity = files;
   log.info({ port: server.port, opsPort: (ops.address() as AddressInfo).port, uws: basename(binary) }, "gateway listening");
 
   const shutdown = (signal: string) => {
@@ -160,6 +170,7 @@ export async function runGateway(env: Record<string, string | undefined> = proce
       }
       server.stopListening();
       ops.close();
+      capacity?.stop();
       serviceTokens.stop();
       dispatcher.close();
       presence.stop();

@@ -32,6 +32,10 @@ export class GatewayMetrics {
   readonly serviceTokens: Gauge;
   readonly serviceTokenNotAfter: Gauge<"token">;
   readonly refusedUpgrades: Counter<"reason">;
+  readonly fileLimit: Gauge;
+  readonly maxConnections: Gauge;
+  readonly openFiles: Gauge;
+  readonly acceptPauses: Counter;
   readonly tailFills: Counter;
   readonly devicesEvicted: Counter;
   readonly registryRecord: Gauge;
@@ -43,6 +47,9 @@ export class GatewayMetrics {
   readonly pushLatency: Histogram;
   /** Seconds per stage of an entry's path in this process (protocol/stages.ts): its Dispatcher's, and push to frame. */
   readonly stages = new StageTimes();
+
+  /** Files open now, read at each scrape (the count the accept guard made last). */
+  openFilesNow: () => number = () => 0;
 
   /** How many revocations the gateway holds, read at each scrape. */
   revocationCount: () => number = () => 0;
@@ -82,7 +89,12 @@ export class GatewayMetrics {
     this.serviceTokenReloads = c("jetgate_gateway_service_token_reloads_total", "Reloads of the service tokens (SIGHUP, or JETGATE_SERVICE_TOKENS_FILE changed), by outcome (ok; error: the tokens in force stayed).", ["outcome"]);
     this.serviceTokens = new Gauge({ name: "jetgate_gateway_service_tokens", help: "Service tokens this gateway takes now (JETGATE_SERVICE_TOKEN and the tokens file).", registers });
     this.serviceTokenNotAfter = new Gauge({ name: "jetgate_gateway_service_token_not_after_seconds", help: "Unix time after which a service token of the tokens file is refused (its not_after), by name.", labelNames: ["token"], registers });
-    this.refusedUpgrades = c("jetgate_gateway_refused_upgrades_total", "WebSocket upgrades refused before a session, by reason (per_ip, dependency).", ["reason"]);
+    this.refusedUpgrades = c("jetgate_gateway_refused_upgrades_total", "WebSocket upgrades refused before a session, by reason (per_ip, dependency, capacity: JETGATE_MAX_CONNECTIONS).", ["reason"]);
+    this.fileLimit = new Gauge({ name: "jetgate_gateway_file_limit", help: "The gateway's open files limit (soft, after raising it to the hard one at start).", registers });
+    this.maxConnections = new Gauge({ name: "jetgate_gateway_max_connections", help: "Devices the gateway takes at once (JETGATE_MAX_CONNECTIONS, or the file limit less the files open at start and a reserve); more are answered 503.", registers });
+    const openNow = () => this.openFilesNow();
+    this.openFiles = new Gauge({ name: "jetgate_gateway_open_files", help: "Files the gateway has open (its last count).", registers, collect() { this.set(openNow()); } });
+    this.acceptPauses = c("jetgate_gateway_accept_pauses_total", "Times the gateway stopped accepting connections for want of files (new ones refused until files were free again).");
     this.tailFills = c("jetgate_gateway_tail_fills_total", "Live sessions found behind their user's head, and filled: by the periodic tail check (a lost last push), or after their user's route was registered again (Redis had lost it).");
     this.devicesEvicted = c("jetgate_gateway_device_state_evicted_total", "Devices whose stored ACK state was dropped for a newer device of the same user (JETGATE_MAX_DEVICES_PER_USER).");
     this.registryRecord = new Gauge({ name: "jetgate_gateway_registry_record", help: "Stream seq of the last registry record this process applied (behind the others: its registry follower is stuck).", registers });

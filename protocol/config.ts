@@ -232,6 +232,8 @@ export const envSchema = z.object({
   JETGATE_MAX_CONNS_PER_USER: int(1, 10_000, 16),
   /** Distinct devices per user with stored ACK state; the least recently active one's goes first. */
   JETGATE_MAX_DEVICES_PER_USER: int(1, 10_000, 64),
+  /** Devices a gateway takes at once (more are answered 503); 0 = the open files limit less the files open at start and a reserve. */
+  JETGATE_MAX_CONNECTIONS: int(0, 100_000_000, 0),
   /** Open WebSockets per client address; 0 = no limit. Carrier NAT puts many phones behind one. */
   JETGATE_MAX_CONNS_PER_IP: int(0, 1_000_000, 2000),
   /** Take the client address from the last X-Forwarded-For hop (only behind a proxy that sets it). */

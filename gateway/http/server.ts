@@ -68,6 +68,24 @@ export interface GatewayServer {
   stopListening(): void;
   /** Refuse new WebSocket upgrades (draining). */
   refuseUpgrades(): void;
+  /** Device connections open now (counted from their upgrade). */
+  connections(): number;
+  /** Closes the listener for want of files (gateway/http/accept-guard.ts): new connections are refused at once. */
+  pauseAccepting(): void;
+  /** Listens again on the same port. */
+  resumeAccepting(): void;
+}
+
+/** What startServer serves beside devices and dispatch, and its limits. */
+export interface ServerOptions {
+  /** Dependencies not answering now: new devices are turned away (503) to try another gateway. */
+  unavailable?: () => string[];
+  /** The operator console's sources (gateway/http/admin.ts); its routes answer 404 without JETGATE_ADMIN_TOKEN. */
+  admin?: AdminSource;
+  /** The users API (gateway/http/users-api.ts): disconnect, revoke, presence, mailbox position. */
+  usersApi?: UsersApiDeps;
+  /** Devices taken at once (gateway/http/capacity.ts); past it, upgrades are answered 503. */
+  maxConnections: number;
 }
 
 export function startServer(
@@ -77,16 +95,15 @@ export function startServer(
   dispatcher: Dispatcher,
   /** The service tokens and their scopes, for the dispatch and users APIs (one count of wrong tokens per address for both). */
   serviceAuth: ServiceAuth,
-  /** Dependencies not answering now: new devices are turned away (503) to try another gateway. */
-  unavailable: () => string[] = () => [],
-  /** The operator console's sources (gateway/http/admin.ts); its routes answer 404 without JETGATE_ADMIN_TOKEN. */
-  admin?: AdminSource,
-  /** The users API (gateway/http/users-api.ts): disconnect, revoke, presence, mailbox position. */
-  usersApi?: UsersApiDeps,
+  opts: ServerOptions,
 ): Promise<GatewayServer> {
+  const { admin, usersApi, maxConnections } = opts;
+  const unavailable = opts.unavailable ?? (() => []);
   const app = uws.App();
   let upgrades = true;
   const perIp = new Map<string, number>();
+  /** Device connections, counted from the upgrade (a burst of handshakes cannot pass the cap). */
+  let open = 0;
   /** The client's address: the last X-Forwarded-For hop behind a proxy that sets it (JETGATE_TRUST_FORWARDED_FOR), else the socket's. */
   const clientAddress = (res: Uws.HttpResponse, req: Uws.HttpRequest): string => {
     const forwarded = config.JETGATE_TRUST_FORWARDED_FOR ? req.getHeader("x-forwarded-for").split(",").pop()?.trim() : undefined;
@@ -111,15 +128,22 @@ export function startServer(
         jsonAnswer(res, "503 Service Unavailable", { error: `dependency not answering: ${down.join(", ")}` }, { "retry-after": "2" });
         return;
       }
+      if (open >= maxConnections) {
+        // every connection is a file: past the cap the rest are the reserve's (gateway/http/capacity.ts)
+        ctx.metrics.refusedUpgrades.inc({ reason: "capacity" });
+        jsonAnswer(res, "503 Service Unavailable", { error: `at capacity: ${maxConnections} connections (JETGATE_MAX_CONNECTIONS); connect to another gateway` }, { "retry-after": "5" }, true);
+        return;
+      }
       const ip = clientAddress(res, req);
-      const open = perIp.get(ip) ?? 0;
-      if (ipLimit > 0 && open >= ipLimit) {
+      const fromIp = perIp.get(ip) ?? 0;
+      if (ipLimit > 0 && fromIp >= ipLimit) {
         ctx.metrics.refusedUpgrades.inc({ reason: "per_ip" });
         jsonAnswer(res, "429 Too Many Requests", { error: "too many connections from this address (JETGATE_MAX_CONNS_PER_IP)" }, { "retry-after": "5" });
         return;
       }
-      // counted from the upgrade, so a burst of handshakes cannot pass the limit before `open`
-      perIp.set(ip, open + 1);
+      // counted from the upgrade, so a burst of handshakes cannot pass the limits before `open`
+      perIp.set(ip, fromIp + 1);
+      open++;
       res.upgrade<SocketData>(
         { closed: false, ip },
         req.getHeader("sec-websocket-key"),
@@ -142,6 +166,7 @@ export function startServer(
     close: (ws, code) => {
       const data = ws.getUserData();
       data.closed = true;
+      open--;
       const n = (perIp.get(data.ip) ?? 1) - 1;
       if (n <= 0) perIp.delete(data.ip);
       else perIp.set(data.ip, n);
@@ -171,15 +196,36 @@ export function startServer(
   });
 
   return new Promise((resolve, reject) => {
-    app.listen(config.JETGATE_GATEWAY_HOST, config.JETGATE_GATEWAY_PORT, (listenSocket) => {
-      if (listenSocket === false) {
+    app.listen(config.JETGATE_GATEWAY_HOST, config.JETGATE_GATEWAY_PORT, (first) => {
+      if (first === false) {
         reject(new Error(`cannot listen on ${config.JETGATE_GATEWAY_HOST}:${config.JETGATE_GATEWAY_PORT}`));
         return;
       }
+      const port = uws.us_socket_local_port(first as unknown as Uws.us_socket);
+      let listenSocket: Uws.us_listen_socket | undefined = first;
+      let stopped = false;
+      const close = () => {
+        if (listenSocket !== undefined) uws.us_listen_socket_close(listenSocket);
+        listenSocket = undefined;
+      };
       resolve({
-        port: uws.us_socket_local_port(listenSocket as unknown as Uws.us_socket),
-        stopListening: () => uws.us_listen_socket_close(listenSocket),
+        port,
+        stopListening: () => {
+          stopped = true;
+          close();
+        },
         refuseUpgrades: () => (upgrades = false),
+        connections: () => open,
+        pauseAccepting: close,
+        resumeAccepting: () => {
+          if (stopped || listenSocket !== undefined) return;
+          // the same port: a load balancer's target does not move; a failure is tried again at the next look
+          app.listen(config.JETGATE_GATEWAY_HOST, port, (s) => {
+            if (s === false) return;
+            if (stopped) uws.us_listen_socket_close(s);
+            else listenSocket = s;
+          });
+        },
       });
     });
   });
@@ -232,12 +278,12 @@ function reply(res: Uws.HttpResponse, aborted: () => boolean, status: string, bo
   });
 }
 
-/** A JSON answer written at once (no await before it: the request is still in its handler). */
-function jsonAnswer(res: Uws.HttpResponse, status: string, body: { error: string }, headers: Record<string, string> = {}): void {
+/** A JSON answer written at once (no await before it: the request is still in its handler); `close`: the connection with it, giving its file back. */
+function jsonAnswer(res: Uws.HttpResponse, status: string, body: { error: string }, headers: Record<string, string> = {}, close = false): void {
   res.cork(() => {
     res.writeStatus(status).writeHeader("content-type", "application/json");
     for (const [k, v] of Object.entries(headers)) res.writeHeader(k, v);
-    res.end(`${JSON.stringify(body)}\n`);
+    res.end(`${JSON.stringify(body)}\n`, close);
   });
 }
 

@@ -17,11 +17,11 @@ export interface Readiness {
 /** The /readyz answer (documented in docs/openapi.json from this schema). */
 export const ReadyzSchema = z.object({
   ready: z.boolean(),
-  problems: z.array(z.string()).meta({ description: "What is not ready: nats, redis, registry, draining (empty when ready)." }),
+  problems: z.array(z.string()).meta({ description: "What is not ready: nats, redis, registry, revocations, starting, draining, capacity (a gateway taking no more devices: JETGATE_MAX_CONNECTIONS reached, or out of files; empty when ready)." }),
   detail: z
     .record(z.string(), z.string())
     .optional()
-    .meta({ description: "Why, for a dependency in `problems`: e.g. `redis`: `refuses writes (oom): OOM command not allowed ...`, or `no answer for 2300 ms`." }),
+    .meta({ description: "Why, for a dependency in `problems`: e.g. `redis`: `refuses writes (oom): OOM command not allowed ...`, or `no answer for 2300 ms`; `capacity`: `2000 of 2000 connections (JETGATE_MAX_CONNECTIONS; open files limit 4096)`." }),
 });
 
 export function startOpsHttp(port: number, host: string, metrics: Registry, readiness: Readiness): Promise<Server> {
