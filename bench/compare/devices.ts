@@ -11,8 +11,11 @@
  * its share of the devices, and merges their answers (latency histograms add up).
  *
  * Commands, one JSON object per stdin line; one JSON answer per stdout line:
- *   {"cmd":"connect","users":[..],"urls":[..],"devices"?:[..]} -> {"ready":N,"ms":..}  (all SYNCED / connected;
- *                                             devices: each one's device id, "bench" when absent)
+ *   {"cmd":"connect","users":[..],"urls":[..],"devices"?:[..],"deadlineMs"?:D} -> {"ready":N,"ms":..,"failed":F,"refused":R}
+ *                                             (these devices added to those connected before, all SYNCED /
+ *                                             connected, or the deadline passed: `failed` of them gave up, `refused`
+ *                                             attempts were answered 503 (at capacity); devices: each one's device id,
+ *                                             "bench" when absent)
  *   {"cmd":"report"}                          -> {"received","first","last","hist","duplicates","stall_ms"} since the last report
  *                                             (stall_ms: the generator's longest event-loop delay: its own wait, in every latency)
  *   {"cmd":"wait","expect":K,"deadlineMs":D}  -> {"waited_ms","timed_out"}  (each device has K entries)
@@ -35,6 +38,18 @@ const system = process.argv[2] as SystemName;
 const key = new TextEncoder().encode(process.env.JETGATE_JWT_SECRET ?? DEV_JWT_SECRET);
 const now = () => performance.timeOrigin + performance.now();
 const send = (o: object) => process.stdout.write(JSON.stringify(o) + "\n");
+
+/**
+ * Source addresses the devices connect from, in turn (127.0.0.2 ...): one address has about 28,000
+ * ephemeral ports towards one server port, so 100,000 devices on one machine need several.
+ */
+const SOURCE_ADDRESSES = 32;
+let connected = 0;
+const sourceAddress = () => `127.0.0.${2 + (connected++ % SOURCE_ADDRESSES)}`;
+/** Attempts answered with an HTTP status instead of an upgrade (503: the server at capacity). */
+let refused = 0;
+/** Set when a connect command's deadline passed: devices stop trying to connect. */
+let giveUp = false;
 
 let hist: Histogram = {};
 const loopDelay = monitorEventLoopDelay({ resolution: 10 });
@@ -72,6 +87,7 @@ interface Device {
 }
 
 function jetgateDevice(user: string, token: string, url: string, device: string): Device {
+  const localAddress = sourceAddress();
   let ws: WebSocket | undefined;
   let cursor: CursorToken | undefined;
   let seq = 0n;
@@ -98,11 +114,16 @@ function jetgateDevice(user: string, token: string, url: string, device: string)
   // A connection closed before SYNCED is tried again after a short random pause, as the SDK does.
   const attempt = (resolve: () => void) => {
     let synced = false;
-    ws = new WebSocket(url);
+    ws = new WebSocket(url, { localAddress });
     ws.binaryType = "nodebuffer";
     ws.on("error", () => undefined);
+    ws.on("unexpected-response", (_req, res) => {
+      refused++;
+      res.resume();
+      ws?.terminate();
+    });
     ws.on("close", () => {
-      if (synced) return;
+      if (synced || giveUp) return;
       retries++;
       setTimeout(() => attempt(resolve), 100 + Math.random() * 400);
     });
@@ -132,6 +153,7 @@ function jetgateDevice(user: string, token: string, url: string, device: string)
 }
 
 function socketioDevice(user: string, url: string): Device {
+  const localAddress = sourceAddress();
   let s: Socket | undefined;
   const d: Device = {
     user,
@@ -141,7 +163,9 @@ function socketioDevice(user: string, url: string): Device {
       new Promise<void>((resolve, reject) => {
         d.received = 0;
         if (s === undefined) {
-          s = ioClient(url, { transports: ["websocket"], parser: msgpackParser, auth: { user }, reconnection: false });
+          // localAddress: engine.io-client hands it to `ws` in Node, though its types leave it out
+          const opts = { transports: ["websocket"], parser: msgpackParser, auth: { user }, reconnection: false, localAddress };
+          s = ioClient(url, opts as Parameters<typeof ioClient>[1]);
           s.on("e", (m: { b: Uint8Array }) => onEntryBody(d, m.b));
         } else s.connect(); // with the session id and offset kept: connection state recovery
         s.once("synced", () => resolve());
@@ -162,11 +186,12 @@ function socketioDevice(user: string, url: string): Device {
  * subscription's offset and epoch, so the next connect recovers what was published meanwhile.
  */
 function centrifugoDevice(user: string, token: string, url: string): Device {
+  const localAddress = sourceAddress();
   let client: Centrifuge | undefined;
   let socket: WebSocket | undefined;
   // the SDK constructs its socket with `new`: each one is kept, so that drop() can cut it
   function TrackedSocket(address: string, protocols?: string | string[]): WebSocket {
-    socket = new WebSocket(address, protocols);
+    socket = new WebSocket(address, protocols, { localAddress });
     return socket;
   }
   const d: Device = {
@@ -207,7 +232,9 @@ function centrifugoDevice(user: string, token: string, url: string): Device {
 
 const devices: Device[] = [];
 
-async function connectAll(users: string[], urls: string[], ids: string[] | undefined): Promise<void> {
+/** Adds these devices and connects them; resolves with how many gave up at the deadline. */
+async function connectAll(users: string[], urls: string[], ids: string[] | undefined, deadlineMs: number): Promise<number> {
+  const from = devices.length;
   for (let i = 0; i < users.length; i++) {
     const user = users[i]!;
     // Centrifugo's connection token names the user's channel, subscribed server-side (bench/compare/centrifugo.ts)
@@ -219,8 +246,26 @@ async function connectAll(users: string[], urls: string[], ids: string[] | undef
       : system === "centrifugo" ? centrifugoDevice(user, token, urls[i]!)
       : jetgateDevice(user, token, urls[i]!, ids?.[i] ?? "bench"));
   }
-  // in waves: a connection storm is its own scenario
-  for (let i = 0; i < devices.length; i += 250) await Promise.all(devices.slice(i, i + 250).map((d) => d.connect()));
+  // in waves: a connection storm is its own scenario. A device that has not connected by the
+  // deadline gives up (a server at its capacity answers 503 for as long as it is full): the run
+  // says how many, instead of waiting for ever
+  giveUp = false;
+  const deadline = now() + deadlineMs;
+  let failed = 0;
+  for (let i = from; i < devices.length; i += 250) {
+    const left = deadline - now();
+    if (left <= 0) {
+      failed += devices.length - i;
+      break;
+    }
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<"late">((r) => (timer = setTimeout(() => r("late"), left)));
+    const wave = await Promise.all(devices.slice(i, i + 250).map((d) => Promise.race([d.connect().then(() => "ok" as const, () => "late" as const), late])));
+    clearTimeout(timer);
+    failed += wave.filter((w) => w === "late").length;
+  }
+  if (failed > 0) giveUp = true;
+  return failed;
 }
 
 const lines = createInterface({ input: process.stdin });
@@ -228,8 +273,8 @@ for await (const line of lines) {
   const cmd = JSON.parse(line) as { cmd: string; users?: string[]; urls?: string[]; devices?: string[]; expect?: number; deadlineMs?: number };
   if (cmd.cmd === "connect") {
     const t0 = now();
-    await connectAll(cmd.users!, cmd.urls!, cmd.devices);
-    send({ ready: devices.length, ms: Math.round(now() - t0), retries });
+    const failed = await connectAll(cmd.users!, cmd.urls!, cmd.devices, cmd.deadlineMs ?? 600_000);
+    send({ ready: devices.length - failed, ms: Math.round(now() - t0), retries, failed, refused });
   } else if (cmd.cmd === "report") {
     send({ received, first, last, hist, duplicates, stall_ms: Math.round(loopDelay.max / 1e6) });
     loopDelay.reset();

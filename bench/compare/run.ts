@@ -41,6 +41,7 @@ import type { TopologyKind } from "./topology.js";
 import { merge, quantile, type Histogram } from "./entries.js";
 import { STAGES, stageQuantileMs, type StageCounts } from "../../protocol/index.js";
 import { NATS_BIN } from "../../test/harness/servers.js";
+import { fileLimit } from "../../gateway/files.js";
 import { Redis } from "ioredis";
 
 const USAGE = `usage: npm run bench -- <fanout|hot|idle|storm|catchup> [--devices N] [--users U] [--seconds S] [--entries N]
@@ -57,6 +58,8 @@ const { values, positionals } = parseFlags({
     entries: { type: "string", default: "100000" },
     "idle-seconds": { type: "string", default: "60" },
     "deadline-seconds": { type: "string", default: "120" },
+    "connect-seconds": { type: "string" },
+    steps: { type: "string" },
     systems: { type: "string", default: SYSTEMS.join(",") },
     nodes: { type: "string", default: "1" },
     shards: { type: "string" },
@@ -70,7 +73,9 @@ const SCENARIOS = { fanout: 1000, hot: 1000, idle: 15_000, storm: 10_000, catchu
 type Scenario = keyof typeof SCENARIOS;
 const scenario = positionals[0] as Scenario;
 if (!(scenario in SCENARIOS)) usageError(scenario === undefined ? "which scenario?" : `unknown scenario ${scenario}`, USAGE);
-const devices = Number(values.devices ?? SCENARIOS[scenario]);
+/** idle: the device counts to read the server's memory at (--steps 10000,50000,100000); the last one is --devices. */
+const stepList = values.steps?.split(",").map(Number);
+const devices = Number(values.devices ?? stepList?.[stepList.length - 1] ?? SCENARIOS[scenario]);
 /** Users the devices belong to (device i to user u(i mod users)): one each but in `hot`. */
 const users = Number(values.users ?? (scenario === "hot" ? 20 : devices));
 if (!Number.isInteger(users) || users < 1 || users > devices) usageError(`--users must be an integer from 1 to --devices, got ${String(values.users)}`, USAGE);
@@ -78,6 +83,12 @@ const seconds = Number(values.seconds);
 const entries = Number(values.entries);
 const idleSeconds = Number(values["idle-seconds"]);
 const deadlineSeconds = Number(values["deadline-seconds"]);
+/** How long the devices may take to connect (about 250 a second at worst, at least --deadline-seconds). */
+const connectSeconds = Number(values["connect-seconds"] ?? Math.max(deadlineSeconds, Math.ceil(devices / 250)));
+const steps = stepList ?? [devices];
+if (steps.some((k, i) => !Number.isInteger(k) || k < 1 || (i > 0 && k <= steps[i - 1]!)) || steps[steps.length - 1] !== devices) {
+  usageError(`--steps must be increasing device counts ending at --devices (${devices}), got ${String(values.steps)}`, USAGE);
+}
 const systems = values.systems.split(",") as SystemName[];
 for (const s of systems) if (!SYSTEMS.includes(s)) throw new Error(`unknown system ${s}; one of ${SYSTEMS.join(", ")}`);
 const nodes = Number(values.nodes);
@@ -235,13 +246,23 @@ class Generators {
   }
 
   /** Devices 0..count-1, device i of user u(i mod userCount); with several devices a user, each its own device id. */
-  async connect(count: number, userCount = count): Promise<{ ms: number }> {
+  /**
+   * Connects devices `from`..count-1 (those before stay connected), device i of user u(i mod
+   * userCount); with several devices a user, each its own device id. Devices that have not
+   * connected within --connect-seconds end the run with what held them (never a wait for ever).
+   */
+  async connect(count: number, userCount = count, from = 0): Promise<{ ms: number }> {
     const n = this.procs.length;
     const answers = await Promise.all(this.procs.map((p, g) => {
-      const mine = Array.from({ length: Math.ceil((count - g) / n) }, (_, j) => g + j * n);
+      const mine = Array.from({ length: count - from }, (_, j) => from + j).filter((i) => i % n === g);
       const ids = userCount < count ? { devices: mine.map((i) => `d${i}`) } : {};
-      return p.ask({ cmd: "connect", users: mine.map((i) => `u${i % userCount}`), urls: mine.map((i) => this.sys.deviceUrl(i)), ...ids });
+      return p.ask({ cmd: "connect", users: mine.map((i) => `u${i % userCount}`), urls: mine.map((i) => this.sys.deviceUrl(i)), deadlineMs: connectSeconds * 1000, ...ids });
     }));
+    const failed = answers.reduce((k, a) => k + (a.failed ?? 0), 0);
+    if (failed > 0) {
+      const refused = answers.reduce((k, a) => k + (a.refused ?? 0), 0);
+      throw new Error(`${failed} of ${count - from} devices did not connect within ${connectSeconds} s (--connect-seconds)${refused > 0 ? `; ${refused} attempts were answered with an HTTP status (503: the server at capacity: its open files limit or JETGATE_MAX_CONNECTIONS)` : ""}; this process may open ${fileLimit().soft} files (ulimit -n), the servers as many`);
+    }
     return { ms: Math.max(...answers.map((a) => a.ms!)) };
   }
 
@@ -518,16 +539,39 @@ async function idle(sys: System, gens: Generators): Promise<Row> {
   // the baseline in steady state too: the start-up's garbage is collected the same way
   await sleep(idleSeconds * 1000);
   const before = rssOf(sys.serverPids);
+  const round1 = (x: number) => Math.round(x * 10) / 10;
+  const reading = async (n: number) => ({ devices: n, rss_mb: round1(rssOf(sys.serverPids)), ...(await sys.serverHeap?.()) });
+  const points = [await reading(0)];
   const m = meter(sys.serverPids);
-  const conn = await gens.connect(devices);
-  await sleep(idleSeconds * 1000);
+  let connectMs = 0;
+  // each step's devices added to those connected, then the same idle time before its reading
+  for (const [i, n] of steps.entries()) {
+    step(`idle: ${n} devices`);
+    connectMs += (await gens.connect(n, n, i === 0 ? 0 : steps[i - 1]!)).ms;
+    await sleep(idleSeconds * 1000);
+    points.push(await reading(n));
+  }
   const after = rssOf(sys.serverPids);
   const cpu = m.stop();
   const perConn = (mb: number) => Number((((mb - before) * 1024) / devices).toFixed(2));
+  // what one more connection costs (the slope of RSS against connections) apart from what the
+  // process holds whatever its connections (the fixed part): a fleet sizes gateways on the first
+  const fit = linearFit(points.map((p) => [p.devices, p.rss_mb]));
   return {
     scenario, system: sys.name, nodes, devices, entries_per_s: null, p50_ms: null, p99_ms: null, server_rss_mb: Math.round(after), server_cpu_pct: cpu.cpuPct,
-    rss_before_mb: Math.round(before), rss_per_conn_kib: perConn(after), peak_rss_mb: cpu.peakMb, peak_per_conn_kib: perConn(cpu.peakMb), idle_s: idleSeconds, connect_ms: conn.ms,
+    rss_before_mb: Math.round(before), rss_per_conn_kib: perConn(after), peak_rss_mb: cpu.peakMb, peak_per_conn_kib: perConn(cpu.peakMb), idle_s: idleSeconds, connect_ms: connectMs,
+    ...(steps.length > 1 ? { slope_kib_per_conn: Number((fit.slope * 1024).toFixed(2)), fixed_mb: Math.round(fit.intercept), steps: points } : {}),
   };
+}
+
+/** The least-squares line through points (x, y). */
+function linearFit(points: [number, number][]): { slope: number; intercept: number } {
+  const n = points.length;
+  const mx = points.reduce((a, [x]) => a + x, 0) / n;
+  const my = points.reduce((a, [, y]) => a + y, 0) / n;
+  const sxx = points.reduce((a, [x]) => a + (x - mx) ** 2, 0);
+  const slope = sxx === 0 ? 0 : points.reduce((a, [x, y]) => a + (x - mx) * (y - my), 0) / sxx;
+  return { slope, intercept: my - slope * mx };
 }
 
 async function storm(sys: System, gens: Generators, perUser: number): Promise<Row> {
@@ -561,6 +605,23 @@ async function storm(sys: System, gens: Generators, perUser: number): Promise<Ro
     note: r.timed_out === true ? `not done after ${deadlineSeconds} s: ${String(r.completed)} of ${devices} devices complete, ${received} of ${total} entries` : undefined,
   };
 }
+
+/**
+ * Every process of a run may hold every device's socket (one generator, one server): the hard open
+ * files limit, which each child raises its soft limit to, must allow that. Raised here where this
+ * process may (as root); else the run stops before it starts, naming the limit.
+ */
+function ensureFileLimit(needed: number): void {
+  const { hard } = fileLimit();
+  if (hard >= needed) return;
+  try {
+    execFileSync("prlimit", ["--pid", String(process.pid), `--nofile=${needed}:${needed}`], { stdio: "ignore" });
+  } catch {
+    usageError(`${devices} devices need ${needed} open files per process; this one may open ${hard} (ulimit -Hn): raise it (as root: ulimit -n ${needed}) or use fewer --devices`, USAGE);
+  }
+  if (!values.json) console.log(`open files limit raised to ${needed} (ulimit -n) for ${devices} devices`);
+}
+ensureFileLimit(devices + 4096);
 
 // jetgate runs compiled, as in its container image (npm run build; see test/harness/stack.ts),
 // unless BENCH_SOURCE=1 (the test suite's functional check: no build step)

@@ -101,6 +101,11 @@ async function startJetgate({ nodes, shards, topology }: SystemOptions): Promise
       const own = (await Promise.all(producers.map((p) => p.ask({ cmd: "stages" })))) as unknown as Record<string, StageCounts>[];
       return [...texts.map(stagesOfMetrics), ...own].reduce(addStages, {});
     },
+    async serverHeap() {
+      const texts = await Promise.all(gateways.map(async (g) => (await g.http("/metrics")).text));
+      const mb = (name: string) => Math.round((texts.reduce((n, t) => n + metricIn(t, name), 0) / 1048576) * 10) / 10;
+      return { heap_used_mb: mb("jetgate_gateway_nodejs_heap_size_used_bytes"), heap_total_mb: mb("jetgate_gateway_nodejs_heap_size_total_bytes") };
+    },
     async counters() {
       // one scrape per process: each scrape is work for it (and restarts its event-loop delay figure,
       // so the longest stall read here is the one since the last reading)
