@@ -111,7 +111,11 @@ function jetgateDevice(user: string, token: string, url: string, device: string)
     else if (f.t === "ERROR" && f.new_cursor) cursor = f.new_cursor;
     else if (f.t === "SYNCED") synced();
   };
-  // A connection closed before SYNCED is tried again after a short random pause, as the SDK does.
+  /** drop() closed it: it waits for the next connect, as a device off the network does. */
+  let dropped = false;
+  // A connection closed before SYNCED is tried again after a short random pause, as the SDK does;
+  // one the server closed after (a 4503 when a read it waited on did not answer, a 4408) comes back
+  // with its cursor a little later, as the SDK does, and resumes: its entries still count
   const attempt = (resolve: () => void) => {
     let synced = false;
     ws = new WebSocket(url, { localAddress });
@@ -123,7 +127,11 @@ function jetgateDevice(user: string, token: string, url: string, device: string)
       ws?.terminate();
     });
     ws.on("close", () => {
-      if (synced || giveUp) return;
+      if (giveUp || dropped) return;
+      if (synced) {
+        setTimeout(() => attempt(() => undefined), 500 + Math.random() * 1000);
+        return;
+      }
       retries++;
       setTimeout(() => attempt(resolve), 100 + Math.random() * 400);
     });
@@ -145,9 +153,13 @@ function jetgateDevice(user: string, token: string, url: string, device: string)
     connect: () =>
       new Promise<void>((resolve) => {
         d.received = 0;
+        dropped = false;
         attempt(resolve);
       }),
-    drop: () => ws?.terminate(),
+    drop: () => {
+      dropped = true;
+      ws?.terminate();
+    },
   };
   return d;
 }

@@ -362,6 +362,13 @@ function redisPerEntry(before: Map<string, number> | undefined, after: Map<strin
   };
 }
 
+/** Connections the gateways closed between two readings, by close code (those above 0). */
+function closesByCode(before: Record<string, number> | undefined, after: Record<string, number>): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [k, v] of Object.entries(after)) if (k.startsWith("close_") && v - (before?.[k] ?? 0) > 0) out[k.slice(6)] = v - (before?.[k] ?? 0);
+  return out;
+}
+
 /** a / b to two decimals; undefined when either is unknown or b is 0. */
 const per = (a: number | undefined, b: number | undefined) => (a === undefined || b === undefined || b === 0 ? undefined : Number((a / b).toFixed(2)));
 
@@ -518,7 +525,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
       entries_per_batch: per(d("processed"), d("batches")), entries_per_push_msg: per(d("pushed"), d("pushMessages")), entries_per_msgs_frame: per(d("entriesSent"), d("msgsFrames")),
       // pushes the gateways received per entry pushed: 1 when each gets only its own sessions' users' entries (--nodes N)
       gateway_received_per_pushed: per(d("gatewayPushes"), d("pushed")),
-      gateway_closes: d("closes"), slow_consumer_closes: d("slowConsumerCloses"), gap_fills: d("gapFills"),
+      gateway_closes: d("closes"), gateway_closes_by_code: closesByCode(countersBefore, countersAfter), slow_consumer_closes: d("slowConsumerCloses"), gap_fills: d("gapFills"),
       worker_push_p50_ms: pushQuantile(0.5, "wpush"), worker_push_p99_ms: pushQuantile(0.99, "wpush"), push_p50_ms: pushQuantile(0.5), push_p99_ms: pushQuantile(0.99),
     } : {}),
     // BENCH_MAX_BATCH: jetgate's producers ran with that maxBatch (1: no atomic batches)

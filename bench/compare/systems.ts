@@ -126,6 +126,8 @@ async function startJetgate({ nodes, shards, topology }: SystemOptions): Promise
         gatewayPushes: sum(gw, "jetgate_gateway_pushes_received_total") + sum(gw, "jetgate_gateway_stray_pushes_total"),
         // connections the gateways closed (any code: 4408 slow consumer, 4503 a read not answered, ...) and reads to fill gaps
         closes: sum(gw, "jetgate_gateway_closes_total"),
+        // and by close code (close_4503: a read the session waited on did not answer)
+        ...Object.fromEntries([...new Set(gw.flatMap((t) => [...t.matchAll(/^jetgate_gateway_closes_total\{code="(\d+)"\}/gm)].map((m) => m[1]!)))].map((code) => [`close_${code}`, sum(gw, "jetgate_gateway_closes_total", { code })])),
         slowConsumerCloses: sum(gw, "jetgate_gateway_closes_total", { code: "4408" }),
         gapFills: sum(gw, "jetgate_gateway_gap_fills_total"),
         tailFills: sum(gw, "jetgate_gateway_tail_fills_total"),
