@@ -147,6 +147,8 @@ async function startJetgate({ nodes, shards, topology }: SystemOptions): Promise
     },
     async stop() {
       for (const p of producers) await p.stop();
+      // BENCH_LOGS=1: what jetgate's processes logged (JETGATE_LOG_LEVEL, error by default), on stderr
+      if (process.env.BENCH_LOGS === "1") for (const p of procs) for (const line of p.output) console.error(`${p.name}: ${line}`);
       // SIGTERM: a profiled process writes its profile on the way out
       for (const p of procs) await p.kill(process.env.BENCH_PROFILE ? "SIGTERM" : "SIGKILL");
       await top.dispose();
