@@ -13,7 +13,9 @@
  * hot:     N devices (1,000) of U users (20: 50 devices each), each user's entries dispatched back
  *          to back: as fanout, with every entry going to all of its user's devices (Socket.IO: a
  *          room per user); entries_per_s counts deliveries, dispatched_per_s the entries.
- * idle:    N authenticated idle devices (15,000): server RSS per connection.
+ * idle:    N authenticated idle devices (15,000): server RSS per connection. --steps 10000,50000,100000
+ *          reads it at each count (after the same idle time) and reports the slope of RSS against
+ *          connections (what one more costs) apart from the fixed part, with jetgate's V8 heap.
  * storm:   N devices (10,000) each miss 10 entries while offline, then reconnect at once (with their
  *          cursors / recovery state): time until every one is SYNCED with its entries; peak RSS.
  * catchup: one device --entries (100,000) behind: entries/s until SYNCED.
@@ -45,7 +47,7 @@ import { fileLimit } from "../../gateway/files.js";
 import { Redis } from "ioredis";
 
 const USAGE = `usage: npm run bench -- <fanout|hot|idle|storm|catchup> [--devices N] [--users U] [--seconds S] [--entries N]
-                   [--idle-seconds S] [--deadline-seconds S] [--systems ${SYSTEMS.join(",")}]
+                   [--idle-seconds S] [--deadline-seconds S] [--connect-seconds S] [--steps N,N,...] [--systems ${SYSTEMS.join(",")}]
                    [--nodes N] [--shards S] [--generators G] [--cluster] [--probes N] [--json]
   jetgate beside the ceiling of its WebSocket layer, the floor of JetStream, Socket.IO and Centrifugo (bench/README.md)`;
 
@@ -476,6 +478,8 @@ async function sustained(sys: System, gens: Generators, max: number): Promise<{ 
 
 /** fanout and hot: entries to random users of `users` (one device each in fanout, devices / users in hot). */
 async function fanout(sys: System, gens: Generators): Promise<Row> {
+  // the servers' memory before any device, to read what a live, receiving connection costs
+  const rssAlone = rssOf(sys.serverPids);
   await gens.connect(devices, users);
   // one entry to every user first, unmeasured: a user's first entry is a one-off (its routes and
   // watermarks are made; jetgate's devices fill it as a gap), not the steady state measured here
@@ -508,8 +512,11 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
   const stages1 = await sys.stages?.();
   const countersBeforeHalf = await sys.counters?.();
   // the rate is deliveries; the senders' rate is entries (each goes to devices / users devices)
+  const halfMeter = meter(sys.serverPids);
   const sentHalf = await sys.sendFor(seconds, users, Math.max(1, Math.floor(halfRate / (devices / users))));
   const half = await settled(gens);
+  // what each connection costs while every device is live and receiving (half load), over the servers with no device
+  const busyKib = Number((((halfMeter.stop().peakMb - rssAlone) * 1024) / devices).toFixed(2));
   const countersHalf = await sys.counters?.();
   const stagesHalf = stageSummary(stages1, await sys.stages?.());
   // dispatch -> worker's push and dispatch -> gateway (the processes' push latency histograms, their bucket bounds) at half load
@@ -519,7 +526,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
     entries_per_s: rate, sustained_per_s: fair.rate, probes: fair.probes, p50_ms: quantile(half.hist, 0.5), p99_ms: quantile(half.hist, 0.99),
     bound: boundOf(cpuMax.pcts, generatorCpus ? availableParallelism() : cpus().length, stagesMax), stages_max: stagesMax, stages_half: stagesHalf,
     gap_fills_half: countersBeforeHalf !== undefined && countersHalf !== undefined ? countersHalf.gapFills! - countersBeforeHalf.gapFills! : undefined,
-    server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, cpu_max: cpuMax.shares, cpu_procs: cpuMax.procs, us_per_entry: cpuMax.usPerEntry, us_per_process: cpuMax.usPerProcess,
+    server_rss_mb: cpu.peakMb, server_cpu_pct: cpu.cpuPct, busy_rss_per_conn_kib: busyKib, cpu_max: cpuMax.shares, cpu_procs: cpuMax.procs, us_per_entry: cpuMax.usPerEntry, us_per_process: cpuMax.usPerProcess,
     nats_msgs_per_entry: natsPerEntry, ...redis,
     ...(countersAfter !== undefined ? {
       entries_per_batch: per(d("processed"), d("batches")), entries_per_push_msg: per(d("pushed"), d("pushMessages")), entries_per_msgs_frame: per(d("entriesSent"), d("msgsFrames")),
@@ -528,6 +535,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
       gateway_closes: d("closes"), gateway_closes_by_code: closesByCode(countersBefore, countersAfter), slow_consumer_closes: d("slowConsumerCloses"), gap_fills: d("gapFills"),
       worker_push_p50_ms: pushQuantile(0.5, "wpush"), worker_push_p99_ms: pushQuantile(0.99, "wpush"), push_p50_ms: pushQuantile(0.5), push_p99_ms: pushQuantile(0.99),
     } : {}),
+    ...(sys.name === "jetgate" && process.env.BENCH_GATEWAY_NODE_ARGS ? { gateway_node_args: process.env.BENCH_GATEWAY_NODE_ARGS } : {}),
     // BENCH_MAX_BATCH: jetgate's producers ran with that maxBatch (1: no atomic batches)
     ...(sys.name === "jetgate" && process.env.BENCH_MAX_BATCH !== undefined ? { max_batch: Number(process.env.BENCH_MAX_BATCH) } : {}),
     ...(sys.name === "jetgate" && process.env.BENCH_MIN_BATCH !== undefined ? { min_batch: Number(process.env.BENCH_MIN_BATCH) } : {}),
@@ -567,6 +575,7 @@ async function idle(sys: System, gens: Generators): Promise<Row> {
   return {
     scenario, system: sys.name, nodes, devices, entries_per_s: null, p50_ms: null, p99_ms: null, server_rss_mb: Math.round(after), server_cpu_pct: cpu.cpuPct,
     rss_before_mb: Math.round(before), rss_per_conn_kib: perConn(after), peak_rss_mb: cpu.peakMb, peak_per_conn_kib: perConn(cpu.peakMb), idle_s: idleSeconds, connect_ms: connectMs,
+    ...(sys.name === "jetgate" && process.env.BENCH_GATEWAY_NODE_ARGS ? { gateway_node_args: process.env.BENCH_GATEWAY_NODE_ARGS } : {}),
     ...(steps.length > 1 ? { slope_kib_per_conn: Number((fit.slope * 1024).toFixed(2)), fixed_mb: Math.round(fit.intercept), steps: points } : {}),
   };
 }

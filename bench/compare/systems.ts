@@ -77,7 +77,9 @@ async function startJetgate({ nodes, shards, topology }: SystemOptions): Promise
   // BENCH_PROFILE=gateway|worker (|producer, above): those processes run under --cpu-prof (profiles written on stop)
   const prof = (who: string) => (process.env.BENCH_PROFILE === who ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR ?? "bench/profiles"}`] : []);
   const workers = await Promise.all(times(nodes, () => spawnWorker(infra.env, {}, prof("worker"))));
-  const gateways = await Promise.all(times(nodes, () => spawnGateway(infra.env, { JETGATE_DRAIN_MS: "1000" }, prof("gateway"))));
+  // BENCH_GATEWAY_NODE_ARGS: node and V8 flags for the gateways (e.g. "--max-semi-space-size=2"), to compare
+  const gatewayArgs = (process.env.BENCH_GATEWAY_NODE_ARGS ?? "").split(" ").filter((a) => a !== "");
+  const gateways = await Promise.all(times(nodes, () => spawnGateway(infra.env, { JETGATE_DRAIN_MS: "1000" }, [...prof("gateway"), ...gatewayArgs])));
   const procs: JetgateProcess[] = [...workers, ...gateways];
   // every shard owned, spread evenly (workers hand shards over until each holds its share)
   const share = Math.ceil(shards / nodes);
