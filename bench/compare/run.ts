@@ -235,7 +235,8 @@ class Generators {
   constructor(private readonly sys: System, n: number) {
     // BENCH_PROFILE=devices: the generators run under --cpu-prof (a generator can be what bounds a run)
     const prof = process.env.BENCH_PROFILE === "devices" ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_PROFILE_DIR ?? "bench/profiles"}`] : [];
-    this.procs = Array.from({ length: n }, () => LineProcess.node("bench/compare/devices.ts", [sys.name], {}, prof));
+    // a generator holding 100,000 devices' sockets needs more heap than node's default
+    this.procs = Array.from({ length: n }, () => LineProcess.node("bench/compare/devices.ts", [sys.name], {}, ["--max-old-space-size=8192", ...prof]));
     if (generatorCpus) for (const pid of this.pids) execFileSync("taskset", ["-a", "-p", "-c", generatorCpus, String(pid)], { stdio: "ignore" });
   }
 
