@@ -16,10 +16,9 @@
  * {"cmd":"each","from":A,"to":B,"perUser":K} -> {"sent":N} (K entries to each of uA..u(B-1)).
  * A publish Centrifugo refuses is said on stderr (and then missing at the devices).
  */
-import { createInterface } from "node:readline";
 import { Agent, request } from "node:http";
 import { idSource, stampedBody } from "./entries.js";
-import { pace } from "./pace.js";
+import { serveProducer } from "./pace.js";
 
 const [apiUrl, apiKey] = [process.argv[2]!, process.argv[3]!];
 const nextId = idSource(Number(process.argv[4] ?? 0));
@@ -103,34 +102,4 @@ function emit(u: number): void {
 /** Waits until at most `limit` entries are queued or in flight (0: everything answered). */
 const settle = (limit = 0) => (pending <= limit ? Promise.resolve() : new Promise<void>((resolve) => waiters.push({ limit, resolve })));
 
-for await (const line of createInterface({ input: process.stdin })) {
-  const cmd = JSON.parse(line) as { cmd: string; seconds?: number; users?: number; rate?: number; perUser?: number; from?: number; to?: number };
-  if (cmd.cmd === "send") {
-    const until = performance.now() + (cmd.seconds ?? 10) * 1000;
-    let sent = 0;
-    const pick = () => Math.floor(Math.random() * cmd.users!);
-    if (cmd.rate === undefined) {
-      while (performance.now() < until) {
-        for (let i = 0; i < 500; i++) emit(pick());
-        sent += 500;
-        await settle(MAX_PENDING);
-      }
-    } else {
-      sent = await pace(cmd.seconds ?? 10, cmd.rate, (n) => {
-        for (let i = 0; i < n; i++) emit(pick());
-      });
-    }
-    await settle();
-    process.stdout.write(JSON.stringify({ sent }) + "\n");
-  } else if (cmd.cmd === "each") {
-    let sent = 0;
-    for (let k = 0; k < cmd.perUser!; k++) {
-      for (let u = cmd.from!; u < cmd.to!; u++) {
-        emit(u);
-        if (++sent % 500 === 0) await settle(MAX_PENDING);
-      }
-    }
-    await settle();
-    process.stdout.write(JSON.stringify({ sent }) + "\n");
-  } else if (cmd.cmd === "exit") process.exit(0);
-}
+await serveProducer({ emit, settle, maxPending: MAX_PENDING });
