@@ -634,11 +634,12 @@ function ensureFileLimit(needed: number): void {
   try {
     execFileSync("prlimit", ["--pid", String(process.pid), `--nofile=${needed}:${needed}`], { stdio: "ignore" });
   } catch {
-    usageError(`${devices} devices need ${needed} open files per process; this one may open ${hard} (ulimit -Hn): raise it (as root: ulimit -n ${needed}) or use fewer --devices`, USAGE);
+    usageError(`${devices} devices need ${needed} open files per process; this one may open ${hard} (ulimit -Hn) and cannot raise it (as root with CAP_SYS_RESOURCE: ulimit -n ${needed}): raise it, or use fewer --devices`, USAGE);
   }
   if (!values.json) console.log(`open files limit raised to ${needed} (ulimit -n) for ${devices} devices`);
 }
-ensureFileLimit(devices + 4096);
+// a server holds every device's socket and a few hundred files of its own
+ensureFileLimit(devices + 1024);
 
 // jetgate runs compiled, as in its container image (npm run build; see test/harness/stack.ts),
 // unless BENCH_SOURCE=1 (the test suite's functional check: no build step)
