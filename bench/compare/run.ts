@@ -570,9 +570,11 @@ async function idle(sys: System, gens: Generators): Promise<Row> {
   const after = rssOf(sys.serverPids);
   const cpu = m.stop();
   const perConn = (mb: number) => Number((((mb - before) * 1024) / devices).toFixed(2));
-  // what one more connection costs (the slope of RSS against connections) apart from what the
-  // process holds whatever its connections (the fixed part): a fleet sizes gateways on the first
-  const fit = linearFit(points.map((p) => [p.devices, p.rss_mb]));
+  // what one more connection costs (the slope of RSS against connections, over the steps) apart
+  // from what the process holds whatever its connections (the fixed part, the line at 0): a fleet
+  // sizes gateways on the first. The reading before any device is left out of the line: the first
+  // connections bring costs of their own that more do not add to (a heap grown for the burst)
+  const fit = linearFit(points.slice(1).map((p) => [p.devices, p.rss_mb]));
   return {
     scenario, system: sys.name, nodes, devices, entries_per_s: null, p50_ms: null, p99_ms: null, server_rss_mb: Math.round(after), server_cpu_pct: cpu.cpuPct,
     rss_before_mb: Math.round(before), rss_per_conn_kib: perConn(after), peak_rss_mb: cpu.peakMb, peak_per_conn_kib: perConn(cpu.peakMb), idle_s: idleSeconds, connect_ms: connectMs,
