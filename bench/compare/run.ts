@@ -537,6 +537,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
       worker_push_p50_ms: pushQuantile(0.5, "wpush"), worker_push_p99_ms: pushQuantile(0.99, "wpush"), push_p50_ms: pushQuantile(0.5), push_p99_ms: pushQuantile(0.99),
     } : {}),
     ...(sys.name === "jetgate" && process.env.BENCH_GATEWAY_NODE_ARGS ? { gateway_node_args: process.env.BENCH_GATEWAY_NODE_ARGS } : {}),
+    ...(sys.name === "jetgate" && process.env.BENCH_GATEWAY_ENV ? { gateway_env: process.env.BENCH_GATEWAY_ENV } : {}),
     // BENCH_MAX_BATCH: jetgate's producers ran with that maxBatch (1: no atomic batches)
     ...(sys.name === "jetgate" && process.env.BENCH_MAX_BATCH !== undefined ? { max_batch: Number(process.env.BENCH_MAX_BATCH) } : {}),
     ...(sys.name === "jetgate" && process.env.BENCH_MIN_BATCH !== undefined ? { min_batch: Number(process.env.BENCH_MIN_BATCH) } : {}),
@@ -579,6 +580,7 @@ async function idle(sys: System, gens: Generators): Promise<Row> {
     scenario, system: sys.name, nodes, devices, entries_per_s: null, p50_ms: null, p99_ms: null, server_rss_mb: Math.round(after), server_cpu_pct: cpu.cpuPct,
     rss_before_mb: Math.round(before), rss_per_conn_kib: perConn(after), peak_rss_mb: cpu.peakMb, peak_per_conn_kib: perConn(cpu.peakMb), idle_s: idleSeconds, connect_ms: connectMs,
     ...(sys.name === "jetgate" && process.env.BENCH_GATEWAY_NODE_ARGS ? { gateway_node_args: process.env.BENCH_GATEWAY_NODE_ARGS } : {}),
+    ...(sys.name === "jetgate" && process.env.BENCH_GATEWAY_ENV ? { gateway_env: process.env.BENCH_GATEWAY_ENV } : {}),
     ...(steps.length > 1 ? { slope_kib_per_conn: Number((fit.slope * 1024).toFixed(2)), fixed_mb: Math.round(fit.intercept), steps: points } : {}),
   };
 }

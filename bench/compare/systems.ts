@@ -79,7 +79,9 @@ async function startJetgate({ nodes, shards, topology }: SystemOptions): Promise
   const workers = await Promise.all(times(nodes, () => spawnWorker(infra.env, {}, prof("worker"))));
   // BENCH_GATEWAY_NODE_ARGS: node and V8 flags for the gateways (e.g. "--max-semi-space-size=2"), to compare
   const gatewayArgs = (process.env.BENCH_GATEWAY_NODE_ARGS ?? "").split(" ").filter((a) => a !== "");
-  const gateways = await Promise.all(times(nodes, () => spawnGateway(infra.env, { JETGATE_DRAIN_MS: "1000" }, [...prof("gateway"), ...gatewayArgs])));
+  // BENCH_GATEWAY_ENV: more of the gateways' environment, `K=V K=V` (e.g. "MALLOC_ARENA_MAX=2"), to compare
+  const gatewayEnv = Object.fromEntries((process.env.BENCH_GATEWAY_ENV ?? "").split(" ").filter((kv) => kv.includes("=")).map((kv) => [kv.slice(0, kv.indexOf("=")), kv.slice(kv.indexOf("=") + 1)]));
+  const gateways = await Promise.all(times(nodes, () => spawnGateway(infra.env, { JETGATE_DRAIN_MS: "1000", ...gatewayEnv }, [...prof("gateway"), ...gatewayArgs])));
   const procs: JetgateProcess[] = [...workers, ...gateways];
   // every shard owned, spread evenly (workers hand shards over until each holds its share)
   const share = Math.ceil(shards / nodes);
