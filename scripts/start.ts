@@ -22,6 +22,7 @@ import { SignJWT } from "jose";
 import { seqLabel, ConfigError, type Config } from "../protocol/index.js";
 import { loadConfig, parseFlags, Dispatcher, RegistryClient, connectNats, processAlive, readLocalStack, runningStack, stackDir, writeLocalStack, type LocalStack } from "../protocol/io/index.js";
 import { initRegistry } from "../worker/registry-init.js";
+import { GATEWAY_NODE_FLAGS } from "../gateway/node-flags.js";
 import { JetgateClient, type WebSocketFactory } from "../client/index.js";
 import { FileCursorStore } from "../client/node.js";
 import { buildSdk } from "./build-sdk.js";
@@ -199,7 +200,7 @@ async function main(): Promise<void> {
     say(report.layoutWritten ? `registry initialised with ${report.shards} shards` : `registry of ${report.shards} shards found: resuming`);
     const node = [process.execPath, "--import", "tsx"];
     child("worker", node[0]!, [...node.slice(1), "worker/main.ts"], env, logDir);
-    child("gateway", node[0]!, [...node.slice(1), "gateway/main.ts"], env, logDir);
+    child("gateway", node[0]!, [...GATEWAY_NODE_FLAGS, ...node.slice(1), "gateway/main.ts"], env, logDir);
     const stack = stackRecord(config, env);
     await waitUntil("the gateway", async () => (await fetch(`http://127.0.0.1:${config.JETGATE_GATEWAY_METRICS_PORT}/readyz`).catch(() => undefined))?.ok === true);
     writeLocalStack(dir, stack);

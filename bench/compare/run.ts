@@ -44,6 +44,7 @@ import { merge, quantile, type Histogram } from "./entries.js";
 import { STAGES, stageQuantileMs, type StageCounts } from "../../protocol/index.js";
 import { NATS_BIN } from "../../test/harness/servers.js";
 import { fileLimit } from "../../gateway/files.js";
+import { GATEWAY_NODE_FLAGS } from "../../gateway/node-flags.js";
 import { Redis } from "ioredis";
 
 const USAGE = `usage: npm run bench -- <fanout|hot|idle|storm|catchup> [--devices N] [--users U] [--seconds S] [--entries N]
@@ -536,7 +537,8 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
       gateway_closes: d("closes"), gateway_closes_by_code: closesByCode(countersBefore, countersAfter), slow_consumer_closes: d("slowConsumerCloses"), gap_fills: d("gapFills"),
       worker_push_p50_ms: pushQuantile(0.5, "wpush"), worker_push_p99_ms: pushQuantile(0.99, "wpush"), push_p50_ms: pushQuantile(0.5), push_p99_ms: pushQuantile(0.99),
     } : {}),
-    ...(sys.name === "jetgate" && process.env.BENCH_GATEWAY_NODE_ARGS ? { gateway_node_args: process.env.BENCH_GATEWAY_NODE_ARGS } : {}),
+    // the flags jetgate's gateways ran with: the shipped ones (gateway/node-flags.ts), then BENCH_GATEWAY_NODE_ARGS
+    ...(sys.name === "jetgate" ? { gateway_node_args: [...GATEWAY_NODE_FLAGS, process.env.BENCH_GATEWAY_NODE_ARGS ?? ""].join(" ").trim() } : {}),
     ...(sys.name === "jetgate" && process.env.BENCH_GATEWAY_ENV ? { gateway_env: process.env.BENCH_GATEWAY_ENV } : {}),
     // BENCH_MAX_BATCH: jetgate's producers ran with that maxBatch (1: no atomic batches)
     ...(sys.name === "jetgate" && process.env.BENCH_MAX_BATCH !== undefined ? { max_batch: Number(process.env.BENCH_MAX_BATCH) } : {}),
@@ -579,7 +581,8 @@ async function idle(sys: System, gens: Generators): Promise<Row> {
   return {
     scenario, system: sys.name, nodes, devices, entries_per_s: null, p50_ms: null, p99_ms: null, server_rss_mb: Math.round(after), server_cpu_pct: cpu.cpuPct,
     rss_before_mb: Math.round(before), rss_per_conn_kib: perConn(after), peak_rss_mb: cpu.peakMb, peak_per_conn_kib: perConn(cpu.peakMb), idle_s: idleSeconds, connect_ms: connectMs,
-    ...(sys.name === "jetgate" && process.env.BENCH_GATEWAY_NODE_ARGS ? { gateway_node_args: process.env.BENCH_GATEWAY_NODE_ARGS } : {}),
+    // the flags jetgate's gateways ran with: the shipped ones (gateway/node-flags.ts), then BENCH_GATEWAY_NODE_ARGS
+    ...(sys.name === "jetgate" ? { gateway_node_args: [...GATEWAY_NODE_FLAGS, process.env.BENCH_GATEWAY_NODE_ARGS ?? ""].join(" ").trim() } : {}),
     ...(sys.name === "jetgate" && process.env.BENCH_GATEWAY_ENV ? { gateway_env: process.env.BENCH_GATEWAY_ENV } : {}),
     ...(steps.length > 1 ? { slope_kib_per_conn: Number((fit.slope * 1024).toFixed(2)), fixed_mb: Math.round(fit.intercept), steps: points } : {}),
   };

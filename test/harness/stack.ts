@@ -9,6 +9,7 @@ import { Redis } from "ioredis";
 import { BROADCAST_PUSH_SUBJECT, ALL_PUSH_SUBJECTS, REDIS_SCRIPTS, type RedisScriptCommands, RedisKeys, decodePushBatch, routedPushSubject, type Push } from "../../protocol/index.js";
 import { loadConfig, Dispatcher, RegistryClient, connectNats, scripted, type DispatcherOptions } from "../../protocol/io/index.js";
 import { initRegistry } from "../../worker/index.js";
+import { GATEWAY_NODE_FLAGS } from "../../gateway/node-flags.js";
 import { NatsServer, RedisServer, freePort } from "./servers.js";
 
 export { freePort as freePortForTest };
@@ -174,7 +175,8 @@ export function spawnWorker(env: Record<string, string>, extra: Record<string, s
 
 /** Starts a gateway process (on a free port unless `extra` names one) and waits until it is ready. */
 export function spawnGateway(env: Record<string, string>, extra: Record<string, string> = {}, nodeArgs: string[] = [], place?: Placement): Promise<JetgateProcess> {
-  return spawnJetgate("gateway", "gateway/main.ts", "JETGATE_GATEWAY_PORT", "JETGATE_GATEWAY_METRICS_PORT", env, extra, nodeArgs, place);
+  // the V8 flags a gateway ships with (gateway/node-flags.ts), then the caller's (a later one wins)
+  return spawnJetgate("gateway", "gateway/main.ts", "JETGATE_GATEWAY_PORT", "JETGATE_GATEWAY_METRICS_PORT", env, extra, [...GATEWAY_NODE_FLAGS, ...nodeArgs], place);
 }
 
 /**

@@ -4,6 +4,7 @@ import { readdirSync, readFileSync } from "node:fs";
 import { parse } from "yaml";
 import { ENV_VARS } from "../../protocol/index.js";
 import { SCHEMA_FILE, renderSchema } from "../../scripts/chart-schema.js";
+import { GATEWAY_NODE_FLAGS } from "../../gateway/node-flags.js";
 
 const chart = new URL("../../k8s/jetgate/", import.meta.url);
 const read = (rel: string) => readFileSync(new URL(rel, chart), "utf8");
@@ -49,6 +50,13 @@ test("chart - every value a template reads exists in values.yaml", () => {
     }
   }
   assert.ok(refs > 50, `${refs} value references`);
+});
+
+test("chart - the gateway's node flags are gateway/node-flags.ts's, in the image's command and the chart's values", () => {
+  const d = readFileSync(new URL("../../Dockerfile", import.meta.url), "utf8");
+  const cmd = JSON.parse(/^CMD (\[.*\])$/m.exec(d)![1]!) as string[];
+  assert.deepEqual(cmd, [...GATEWAY_NODE_FLAGS, "dist/gateway/main.js"]);
+  assert.deepEqual((values.gateway as { nodeArgs: string[] }).nodeArgs, [...GATEWAY_NODE_FLAGS]);
 });
 
 test("chart - the Dockerfile builds in two stages and runs without root, with production dependencies only", () => {
