@@ -42,8 +42,8 @@ export interface System {
    * the count in each bucket of STAGE_BUCKETS_S (then above it). Two readings' difference is a phase's.
    */
   stages?(): Promise<Record<string, StageCounts>>;
-  /** The servers' V8 heap (MiB, used and committed), where the system can tell: jetgate's gateways, from their metrics. */
-  serverHeap?(): Promise<{ heap_used_mb: number; heap_total_mb: number }>;
+  /** The servers' V8 heap (MiB, used and committed) and the memory V8 knows of outside it (external: array buffers, native objects held from JS), where the system can tell: jetgate's gateways, from their metrics. */
+  serverHeap?(): Promise<{ heap_used_mb: number; heap_total_mb: number; external_mb: number }>;
   /** jetgate's own counters, summed over its processes: what its batching and framing cut. */
   counters?(): Promise<Record<string, number>>;
   /** Entries to random users of `users`, as fast as the system takes them (or at `rate`/s in all), for `seconds`. */

@@ -108,7 +108,7 @@ async function startJetgate({ nodes, shards, topology }: SystemOptions): Promise
     async serverHeap() {
       const texts = await Promise.all(gateways.map(async (g) => (await g.http("/metrics")).text));
       const mb = (name: string) => Math.round((texts.reduce((n, t) => n + metricIn(t, name), 0) / 1048576) * 10) / 10;
-      return { heap_used_mb: mb("jetgate_gateway_nodejs_heap_size_used_bytes"), heap_total_mb: mb("jetgate_gateway_nodejs_heap_size_total_bytes") };
+      return { heap_used_mb: mb("jetgate_gateway_nodejs_heap_size_used_bytes"), heap_total_mb: mb("jetgate_gateway_nodejs_heap_size_total_bytes"), external_mb: mb("jetgate_gateway_nodejs_external_memory_bytes") };
     },
     async counters() {
       // one scrape per process: each scrape is work for it (and restarts its event-loop delay figure,
