@@ -15,6 +15,7 @@ import { startStack, spawnGateway, type JetgateProcess, type Stack } from "../te
 import { deviceToken } from "../test/harness/device.js";
 import { runCli } from "../test/harness/cli.js";
 import { ClientProcess, DeviceLog } from "./client-process.js";
+import { FrameProxy } from "./frame-proxy.js";
 import type { Dispatched } from "./checks.js";
 
 export const SERVICE_TOKEN = "conformance-kit-service-token";
@@ -28,6 +29,8 @@ export interface KitOptions {
   gateway?: Record<string, string>;
   /** How many gateways (GOAWAY needs a second to move to). */
   gateways?: number;
+  /** The device reaches the first gateway through a relay that can lose a frame (frame-proxy.ts). */
+  proxy?: boolean;
 }
 
 export class Kit {
@@ -39,6 +42,7 @@ export class Kit {
   private life: ClientProcess | undefined;
   private readonly dir = mkdtempSync(join(tmpdir(), "jetgate-conformance-"));
   private seqNo = 0;
+  proxy: FrameProxy | undefined;
   /** The token each `token` event gets; a scenario may change it (a short-lived one, a refused one). */
   tokenFor: () => Promise<string> = () => deviceToken(this.user, { device: this.device });
 
@@ -54,11 +58,18 @@ export class Kit {
     const gateways = [stack.gateway!];
     for (let i = 1; i < (opts.gateways ?? 1); i++) gateways.push(await spawnGateway(stack.infra.env, opts.gateway ?? {}));
     const view = { shardOf: (u: string) => stack.registry.shards.shardOf(u) ?? -1, rangeOf: (s: number) => stack.registry.state.shards.get(s)!.range };
-    return new Kit(stack, gateways, user(view), opts);
+    const kit = new Kit(stack, gateways, user(view), opts);
+    if (opts.proxy === true) kit.proxy = await FrameProxy.start(kit.gatewayUrls[0]!);
+    return kit;
   }
 
-  get urls(): string[] {
+  private get gatewayUrls(): string[] {
     return this.gateways.map((g) => `ws://127.0.0.1:${g.httpPort}/v1/ws`);
+  }
+
+  /** Where the device connects: the gateways, or the relay in front of the first. */
+  get urls(): string[] {
+    return this.proxy !== undefined ? [this.proxy.url] : this.gatewayUrls;
   }
 
   get shard(): number {
@@ -155,6 +166,7 @@ export class Kit {
 
   async dispose(): Promise<void> {
     await this.life?.kill();
+    await this.proxy?.close();
     await Promise.all(this.gateways.slice(1).map((g) => g.kill()));
     await this.stack.dispose();
     rmSync(this.dir, { recursive: true, force: true });

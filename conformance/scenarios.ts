@@ -22,6 +22,13 @@ function expect(ok: boolean, what: string): void {
   if (!ok) throw new Error(`expected: ${what}`);
 }
 
+/** Waits for a condition no event of the client marks (every 20 ms, at most `timeoutMs`). */
+async function poll(what: string, done: () => boolean, timeoutMs = 10_000): Promise<void> {
+  for (const until = Date.now() + timeoutMs; !done(); await new Promise((r) => setTimeout(r, 20))) {
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+  }
+}
+
 /** Events of the current life after `from` (an index into the log). */
 const since = (k: Kit, from: number) => k.log.events.slice(from);
 
@@ -88,6 +95,23 @@ export const SCENARIOS: Scenario[] = [
       const again = await k.client.send("cmid-1", body);
       expect(first.ev === "sent" && first.dup === false, `the first SEND stored (${JSON.stringify(first)})`);
       expect(again.ev === "sent" && again.dup === true, `the second SEND of the cmid answered dup (${JSON.stringify(again)})`);
+    },
+  },
+  {
+    name: "gap_fill",
+    what: "a live MSGS frame lost on the way: the next entry's prev shows the gap; the device fills it (PULL) before going on",
+    kit: { proxy: true },
+    async run(k) {
+      await k.startClient();
+      await k.live();
+      await k.dispatch(2);
+      await k.allApplied();
+      k.proxy!.dropNextLiveMsgs();
+      await k.dispatch(1);
+      await poll("the frame dropped", () => k.proxy!.dropped === 1);
+      await k.dispatch(3);
+      await k.allApplied();
+      expect(k.proxy!.pulls >= 1, "a PULL for the gap");
     },
   },
   {
