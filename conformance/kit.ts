@@ -54,7 +54,8 @@ export class Kit {
   ) {}
 
   static async start(opts: KitOptions, user: (k: { shardOf: (u: string) => number; rangeOf: (shard: number) => HashRange }) => string): Promise<Kit> {
-    const stack = await startStack({ env: { JETGATE_SERVICE_TOKEN: SERVICE_TOKEN, JETGATE_HEARTBEAT_MS: "2000" }, gateway: opts.gateway ?? {} });
+    // a drain of 1 s: a drained or rolled gateway's devices move on as they would after 10 s, sooner
+    const stack = await startStack({ env: { JETGATE_SERVICE_TOKEN: SERVICE_TOKEN, JETGATE_HEARTBEAT_MS: "2000", JETGATE_DRAIN_MS: "1000" }, gateway: opts.gateway ?? {} });
     const gateways = [stack.gateway!];
     for (let i = 1; i < (opts.gateways ?? 1); i++) gateways.push(await spawnGateway(stack.infra.env, opts.gateway ?? {}));
     const view = { shardOf: (u: string) => stack.registry.shards.shardOf(u) ?? -1, rangeOf: (s: number) => stack.registry.state.shards.get(s)!.range };
