@@ -29,6 +29,14 @@ async function poll(what: string, done: () => boolean, timeoutMs = 10_000): Prom
   }
 }
 
+/** Starts the device, waits until it is live, dispatches `n` entries and waits until they are applied. */
+async function liveWith(k: Kit, n: number): Promise<void> {
+  await k.startClient();
+  await k.live();
+  await k.dispatch(n);
+  await k.allApplied();
+}
+
 /** Events of the current life after `from` (an index into the log). */
 const since = (k: Kit, from: number) => k.log.events.slice(from);
 
@@ -37,10 +45,7 @@ export const SCENARIOS: Scenario[] = [
     name: "normal",
     what: "live entries, then entries while offline, then a restart with the stored cursor",
     async run(k) {
-      await k.startClient();
-      await k.live();
-      await k.dispatch(20);
-      await k.allApplied();
+      await liveWith(k, 20);
       await k.stopClient();
       await k.dispatch(10);
       const from = k.log.events.length;
@@ -102,10 +107,7 @@ export const SCENARIOS: Scenario[] = [
     what: "a live MSGS frame lost on the way: the next entry's prev shows the gap; the device fills it (PULL) before going on",
     kit: { proxy: true },
     async run(k) {
-      await k.startClient();
-      await k.live();
-      await k.dispatch(2);
-      await k.allApplied();
+      await liveWith(k, 2);
       k.proxy!.dropNextLiveMsgs();
       await k.dispatch(1);
       await poll("the frame dropped", () => k.proxy!.dropped === 1);
@@ -119,10 +121,7 @@ export const SCENARIOS: Scenario[] = [
     what: "offline across a takeover (E1: a new epoch on the same log): CURSOR_REBASED, no duplicate, no gap",
     user: userOn(0),
     async run(k) {
-      await k.startClient();
-      await k.live();
-      await k.dispatch(10);
-      await k.allApplied();
+      await liveWith(k, 10);
       await k.stopClient();
       await k.dispatch(5);
       await k.cli("shard", "takeover", String(k.shard));
@@ -140,10 +139,7 @@ export const SCENARIOS: Scenario[] = [
     // docs/design.md: a new log replays whole; the SDK drops repeats by message id while it remembers them
     repeatsAcrossLives: true,
     async run(k) {
-      await k.startClient();
-      await k.live();
-      await k.dispatch(10);
-      await k.allApplied();
+      await liveWith(k, 10);
       await k.stopClient();
       await k.cli("shard", "rebuild", String(k.shard));
       await k.dispatch(5);
@@ -157,10 +153,7 @@ export const SCENARIOS: Scenario[] = [
     what: "connected through a stream rebuild: the new log's repeats of applied entries are dropped by message id",
     user: userOn(0),
     async run(k) {
-      await k.startClient();
-      await k.live();
-      await k.dispatch(10);
-      await k.allApplied();
+      await liveWith(k, 10);
       await k.cli("shard", "rebuild", String(k.shard));
       await k.dispatch(5);
       await k.allApplied();
@@ -171,10 +164,7 @@ export const SCENARIOS: Scenario[] = [
     what: "offline across two splits that both move the user: each old range in order, then the new shard",
     user: userMovedTwice(1),
     async run(k) {
-      await k.startClient();
-      await k.live();
-      await k.dispatch(5);
-      await k.allApplied();
+      await liveWith(k, 5);
       await k.stopClient();
       await k.dispatch(5);
       const first = k.shard;
@@ -209,10 +199,7 @@ export const SCENARIOS: Scenario[] = [
     name: "expired_rebuild",
     what: "retention passed the stored cursor: CURSOR_EXPIRED, the app's rebuild first, then live entries",
     async run(k) {
-      await k.startClient();
-      await k.live();
-      await k.dispatch(5);
-      await k.allApplied();
+      await liveWith(k, 5);
       await k.stopClient();
       for (const d of await k.dispatch(10)) k.gone.add(d.id);
       await k.trim(1);
@@ -230,10 +217,7 @@ export const SCENARIOS: Scenario[] = [
     name: "cursor_invalid",
     what: "the cursor key rolled without the old one: CURSOR_INVALID, a fresh start that replays the mailbox",
     async run(k) {
-      await k.startClient();
-      await k.live();
-      await k.dispatch(8);
-      await k.allApplied();
+      await liveWith(k, 8);
       await k.stopClient();
       await k.restartGateway(0, { JETGATE_CURSOR_KEYS: randomBytes(32).toString("base64") });
       await k.startClient();
@@ -262,10 +246,7 @@ export const SCENARIOS: Scenario[] = [
     what: "the gateway drains (SIGTERM: GOAWAY, 1001): the device moves to another gateway and resumes",
     kit: { gateways: 2 },
     async run(k) {
-      await k.startClient();
-      await k.live();
-      await k.dispatch(5);
-      await k.allApplied();
+      await liveWith(k, 5);
       const on = (await k.gateways[0]!.metric("jetgate_gateway_connections")) > 0 ? 0 : 1;
       const from = k.log.events.length;
       await k.gateways[on]!.kill("SIGTERM");
@@ -294,10 +275,7 @@ export const SCENARIOS: Scenario[] = [
     name: "signed_out",
     what: "the backend signs the user out (close 4403): the device stops and does not reconnect",
     async run(k) {
-      await k.startClient();
-      await k.live();
-      await k.dispatch(3);
-      await k.allApplied();
+      await liveWith(k, 3);
       const res = await k.serverApi("POST", `/v1/users/${k.user}/disconnect`, { mode: "signed_out", reason: "conformance" });
       expect(res.ok, `the server API answered ${res.status}`);
       await k.log.until("signed_out", () => k.log.of("signed_out").length > 0);
