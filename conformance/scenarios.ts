@@ -238,7 +238,10 @@ export const SCENARIOS: Scenario[] = [
       await k.dispatch(400, { bodyBytes: 32_768 });
       k.client.signal("SIGCONT");
       await k.allApplied(60_000);
-      expect(k.log.of("closed").some((e) => e.code === 4408), "closed with 4408 (slow consumer)");
+      // the gateway's 4408 may sit behind the very bytes the device did not read: the device can
+      // see the socket end without it (1006), so the gateway's count is what shows the close
+      expect((await k.gateways[0]!.metric("jetgate_gateway_slow_consumers_total")) >= 1, "the gateway closed the device as a slow consumer (4408)");
+      expect(k.log.of("closed").length >= 1, "the device saw its connection end, and came back");
     },
   },
   {

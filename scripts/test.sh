@@ -27,6 +27,8 @@ suite lint npm run --silent lint
 suite build npx tsc -p tsconfig.build.json
 export HARNESS_DIST=1
 suite unit+integration "$node" --import tsx --test --test-concurrency=2 --test-reporter=spec test/unit/*.test.ts test/integration/*.test.ts test/fuzz/*.test.ts
+# the Go device SDK (sdk/go, its own module) with the race detector; the machine's Go, as for nats-server
+suite go-sdk bash -c 'cd sdk/go && go vet ./... && go test -race -count=1 ./...'
 suite faults "$node" --import tsx --test --test-concurrency=1 --test-reporter=spec test/faults/*.test.ts
 suite alone "$node" --import tsx --test --test-concurrency=1 --test-reporter=spec test/alone/*.test.ts
 echo

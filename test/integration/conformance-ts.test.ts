@@ -1,6 +1,7 @@
 /**
  * The conformance kit (docs/conformance.md) against the TypeScript SDK's driver: every scenario
- * passes; a planted client bug makes the scenario that owns it fail, by name.
+ * passes; a planted client bug makes the scenario that owns it fail, by name. The Go SDK's run is
+ * conformance-go.test.ts (a file of its own, so the two run side by side).
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
