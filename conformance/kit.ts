@@ -38,6 +38,8 @@ export class Kit {
   /** Ids the server declared gone (a retention that passed the device's cursor). */
   readonly gone = new Set<string>();
   readonly log = new DeviceLog();
+  /** What the scenario reports besides pass or fail (the soak's counts). */
+  readonly notes: string[] = [];
   readonly device = "dev-1";
   private life: ClientProcess | undefined;
   private readonly dir = mkdtempSync(join(tmpdir(), "jetgate-conformance-"));
@@ -105,6 +107,10 @@ export class Kit {
   async crashClient(): Promise<void> {
     await this.life?.kill();
     this.life = undefined;
+  }
+
+  note(text: string): void {
+    this.notes.push(text);
   }
 
   /** Dispatches `n` entries to the device's user (one message id each), as a backend does. */

@@ -15,6 +15,8 @@ export interface Scenario {
   user?: Parameters<typeof Kit.start>[1];
   /** The case's documented cost: repeats in a later life (checks.ts, CheckOptions). */
   repeatsAcrossLives?: boolean;
+  /** How long it may take (run.ts's default: 2 minutes). */
+  timeoutMs?: number;
   run(k: Kit): Promise<void>;
 }
 
@@ -288,4 +290,57 @@ export const SCENARIOS: Scenario[] = [
       expect(k.log.of("closed").some((e) => e.code === 4403), "closed with 4403");
     },
   },
+  soak(20),
 ];
+
+/**
+ * The soak: entries dispatched all along while the device crashes (SIGKILL), stops and starts
+ * again, and the gateways are rolled (drained and replaced on their ports), for `seconds`; at the
+ * end every entry once, in order, nothing lost. `npm test` runs 20 s of it per SDK;
+ * `npm run conformance -- --soak-seconds 600` runs the long one.
+ */
+export function soak(seconds: number): Scenario {
+  return {
+    name: "soak",
+    what: `${seconds} s of entries while the device crashes, restarts and its gateways roll`,
+    kit: { gateways: 2 },
+    timeoutMs: (seconds + 120) * 1000,
+    async run(k) {
+      const until = Date.now() + seconds * 1000;
+      let dispatching = true;
+      const load = (async () => {
+        while (dispatching) {
+          await k.dispatch(1 + Math.floor(Math.random() * 10));
+          await sleep(50 + Math.random() * 200);
+        }
+      })();
+      const moves = { crashes: 0, restarts: 0, rolls: 0 };
+      try {
+        await k.startClient();
+        while (Date.now() < until) {
+          await sleep(1000 + Math.random() * 3000);
+          const r = Math.random();
+          if (r < 0.35) {
+            await k.crashClient();
+            moves.crashes++;
+            await k.startClient();
+          } else if (r < 0.6) {
+            await k.stopClient();
+            moves.restarts++;
+            await k.startClient();
+          } else if (r < 0.8) {
+            await k.restartGateway(Math.floor(Math.random() * k.gateways.length), {});
+            moves.rolls++;
+          }
+        }
+      } finally {
+        dispatching = false;
+        await load;
+      }
+      await k.allApplied(60_000);
+      k.note(`${k.dispatched.length} entries; ${moves.crashes} crashes, ${moves.restarts} restarts, ${moves.rolls} gateway rolls; ${k.log.lives} lives`);
+    },
+  };
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
