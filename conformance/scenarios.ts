@@ -290,6 +290,25 @@ export const SCENARIOS: Scenario[] = [
       expect(k.log.of("closed").some((e) => e.code === 4403), "closed with 4403");
     },
   },
+  {
+    name: "revoked",
+    what: "the backend revokes the user's tokens (mode reconnect, 4300): the old token is refused, a new one resumes with nothing lost",
+    async run(k) {
+      await liveWith(k, 3);
+      const res = await k.serverApi("POST", `/v1/users/${k.user}/revoke`, { mode: "reconnect" });
+      expect(res.ok, `the server API answered ${res.status}`);
+      const { issued_before: issuedBefore } = (await res.json()) as { issued_before: number };
+      // the app first hands back a token minted before the revocation (refused: 4401), then the
+      // backend's new one, issued at the revocation's second as docs/server-api.md says
+      let stale = 1;
+      k.tokenFor = () => deviceToken(k.user, { device: k.device, issuedAt: stale-- > 0 ? issuedBefore - 5 : issuedBefore });
+      await k.dispatch(3);
+      await k.allApplied();
+      expect(k.log.of("closed").some((e) => e.code === 4300), "closed with 4300 (reconnect now)");
+      expect(k.log.of("closed").some((e) => e.code === 4401) && k.log.of("error").some((e) => e.code === "UNAUTHORIZED"), "the stale token refused: ERROR UNAUTHORIZED, close 4401");
+      expect(k.log.of("signed_out").length === 0, "not signed out");
+    },
+  },
   soak(20),
 ];
 

@@ -43,3 +43,10 @@ test("conformance checks - CURSOR_INVALID starts a generation that must hold eve
 test("conformance checks - an entry the kit never dispatched is 'unknown'", () => {
   assert.deepEqual(checks([entry(1), entry(2), entry(3), entry(4), { ev: "entry", life: 1, id: "other", seq: "9" }]), ["unknown"]);
 });
+
+test("conformance - docs/conformance.md lists every scenario, with its line", async () => {
+  const { readFileSync } = await import("node:fs");
+  const { SCENARIOS } = await import("../../conformance/scenarios.js");
+  const doc = readFileSync(new URL("../../docs/conformance.md", import.meta.url), "utf8");
+  for (const s of SCENARIOS) assert.ok(doc.includes(`| \`${s.name}\` | ${s.what} |`), `docs/conformance.md has no row for ${s.name}: "${s.what}"`);
+});
