@@ -5,23 +5,41 @@
  */
 import { randomBytes } from "node:crypto";
 import { ClosedConnectionError, NoRespondersError, RequestError, TimeoutError, type NatsConnection } from "@nats-io/transport-node";
-import { AckPolicy, DeliverPolicy, JetStreamError, jetstream, jetstreamManager, type JetStreamManager, type MsgRequest, type StoredMsg } from "@nats-io/jetstream";
+import { AckPolicy, DeliverPolicy, JetStreamApiError, JetStreamError, jetstream, jetstreamManager, type JetStreamManager, type MsgRequest, type StoredMsg } from "@nats-io/jetstream";
+// the pull status error is exported on the package's internal path only
+import { JetStreamStatusError } from "@nats-io/jetstream/internal";
 import { entrySubject, readerConsumerName, shardStream, userSubjects } from "../../protocol/index.js";
 import { isNotFound, logOfStream } from "../../protocol/io/index.js";
 import { RETRY_LATER_MS, ShardNotReadyError, UnavailableError } from "./gather.js";
 import type { MailboxStream, StreamCursor, StreamMsg, StreamState } from "./ports.js";
 
+/** JetStream's "too many consumers" (10026): a reader's consumer refused for load, not for what it asked. */
+const MAX_CONSUMERS = 10026;
+
+/**
+ * A JetStream answer that says the server cannot serve now, not that the request was wrong: an
+ * API error with a 5xx status (10008 "JetStream system temporarily unavailable" while a clustered
+ * meta or stream leader is busy or moving, 10118 "stream is offline", 10023 "insufficient
+ * resources", ...) or the consumer limit; a pull's 408/409/503 status (a leadership change, the
+ * consumer deleted under it, no responders). On an R3 cluster under load these come and go.
+ */
+function jetStreamBusy(err: unknown): boolean {
+  if (err instanceof JetStreamApiError) return err.status >= 500 || err.code === MAX_CONSUMERS;
+  if (err instanceof JetStreamStatusError) return err.code === 408 || err.code === 409 || err.code === 503;
+  return false;
+}
+
 /**
  * What a failed stream call of `shard` means to a session: a stream the registry names but that is
- * not there is not ready; NATS request and connection failures (JetStream did not answer, which
- * says nothing of the data) are unavailable; anything else stays as it is.
+ * not there is not ready; NATS request and connection failures and a JetStream that says it cannot
+ * serve now (neither says anything of the data) are unavailable; anything else stays as it is.
  */
 export function streamCallError(err: unknown, shard: number, inRegistry: boolean): unknown {
   if (isNotFound(err) && inRegistry) return new ShardNotReadyError(shard, { cause: err });
   // "heartbeats missed": a read's consumer went quiet for two heartbeats, as when this process's
   // event loop was too busy to see them (the hot benchmark); the device resumes by cursor
   const missed = err instanceof JetStreamError && err.message === "heartbeats missed";
-  if (err instanceof TimeoutError || err instanceof RequestError || err instanceof NoRespondersError || err instanceof ClosedConnectionError || missed) {
+  if (err instanceof TimeoutError || err instanceof RequestError || err instanceof NoRespondersError || err instanceof ClosedConnectionError || missed || jetStreamBusy(err)) {
     return new UnavailableError(`shard ${shard}'s stream did not answer (${(err as Error).message}); reconnect`, RETRY_LATER_MS, { cause: err });
   }
   return err;

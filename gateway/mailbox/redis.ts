@@ -1,7 +1,27 @@
-/** The user's watermarks and hot cache for the mailbox reader (MailboxCache), on Redis. */
+/**
+ * The user's watermarks and hot cache for the mailbox reader (MailboxCache), on Redis. A Redis that
+ * does not answer now is UNAVAILABLE to a session (4503, come back later), never an internal error.
+ */
+import { ReplyError } from "ioredis";
 import { cacheStreamId, parseCacheRow, HASH_FIELDS, WATERMARK_ALL, type CacheRow, type MailboxSeq, type RedisKeys } from "../../protocol/index.js";
 import type { RedisClient } from "../../protocol/io/index.js";
 import type { MailboxCache } from "./ports.js";
+import { RETRY_LATER_MS, UnavailableError } from "./gather.js";
+
+/** Replies of a Redis (or a Redis Cluster) that cannot serve now: a failover, a load, a busy script. */
+const NOT_NOW = /^(CLUSTERDOWN|TRYAGAIN|LOADING|MASTERDOWN|BUSY|READONLY)\b/;
+
+/**
+ * What a failed Redis call means to a session: no answer (a timeout, a closed connection, retries
+ * spent, a cluster with no node to ask: every error ioredis raises itself) or a reply that says
+ * "not now" is unavailable; any other reply (a wrong type: a bug) stays as it is.
+ */
+export function redisCallError(err: unknown): unknown {
+  if (!(err instanceof Error)) return err;
+  // ioredis types ReplyError as `any`: the Error check above does the narrowing
+  if (err instanceof (ReplyError as typeof Error) && !NOT_NOW.test(err.message)) return err;
+  return new UnavailableError(`Redis did not answer (${err.message}); reconnect`, RETRY_LATER_MS, { cause: err });
+}
 
 export class RedisMailboxCache implements MailboxCache {
   constructor(
@@ -10,7 +30,9 @@ export class RedisMailboxCache implements MailboxCache {
   ) {}
 
   watermarkHash(user: string): Promise<Record<string, string>> {
-    return this.redis.hgetall(this.keys.watermarks(user));
+    return this.redis.hgetall(this.keys.watermarks(user)).catch((err: unknown) => {
+      throw redisCallError(err);
+    });
   }
 
   async headAndRows(user: string, after: MailboxSeq, until: MailboxSeq | undefined, count: number): Promise<{ head: unknown; rows: (CacheRow | undefined)[] }> {
@@ -18,9 +40,12 @@ export class RedisMailboxCache implements MailboxCache {
       .pipeline()
       .hget(this.keys.watermarks(user), WATERMARK_ALL)
       .xrangeBuffer(this.keys.hotCache(user), `(${cacheStreamId(after)}`, until === undefined ? "+" : cacheStreamId(until), "COUNT", count)
-      .exec();
+      .exec()
+      .catch((err: unknown) => {
+        throw redisCallError(err);
+      });
     const [headReply, rowsReply] = replies ?? [];
-    if (headReply?.[0] || rowsReply?.[0]) throw (headReply?.[0] ?? rowsReply?.[0])!;
+    if (headReply?.[0] || rowsReply?.[0]) throw redisCallError(headReply?.[0] ?? rowsReply?.[0]);
     const rows = ((rowsReply?.[1] ?? []) as [Buffer, Buffer[]][]).map(([, fields]) => parseCacheRow(fields));
     return { head: headReply?.[1], rows };
   }

@@ -5,7 +5,7 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { connect, type Msg, type NatsConnection, type Subscription } from "@nats-io/transport-node";
-import { Redis } from "ioredis";
+import { Redis, type RedisOptions } from "ioredis";
 import { BROADCAST_PUSH_SUBJECT, ALL_PUSH_SUBJECTS, REDIS_SCRIPTS, type RedisScriptCommands, RedisKeys, decodePushBatch, routedPushSubject, type Push } from "../../protocol/index.js";
 import { loadConfig, Dispatcher, RegistryClient, connectNats, scripted, type DispatcherOptions } from "../../protocol/io/index.js";
 import { initRegistry } from "../../worker/index.js";
@@ -240,9 +240,9 @@ export const COLLECTOR_GATEWAY = "test-collector";
 
 export type ScriptedTestRedis = Redis & RedisScriptCommands;
 
-export async function redisClient(url: string): Promise<ScriptedTestRedis> {
+export async function redisClient(url: string, extra: Pick<RedisOptions, "commandTimeout"> = {}): Promise<ScriptedTestRedis> {
   // the scripts as connectRedis defines them, for tests that drive jetgate's Redis code directly
-  const r = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 1, scripts: { ...REDIS_SCRIPTS } });
+  const r = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 1, scripts: { ...REDIS_SCRIPTS }, ...extra });
   await r.connect();
   return scripted(r);
 }

@@ -114,3 +114,28 @@ test("mailbox reader - a registry view behind the stream's log (a rebuild it has
   await assert.rejects(() => behind.bounds(shard, { fresh: true }), UnavailableError, "the AUTH decision's bounds too");
   assert.equal(syncs, 2, "each refusal starts a registry sync");
 });
+
+test("mailbox reader - a Redis that does not answer is UNAVAILABLE (4503 to a session), a wrong reply stays an error; the reads work again once it answers", async () => {
+  // a wrong type under the user's hot cache key: a reply error that is a bug, not an outage
+  const odd = "oddtype";
+  await redis.set(keys.hotCache(odd), "not a stream");
+  const oddShard = stack.registry.shards.shardOf(odd)!;
+  await assert.rejects(reader.read(oddShard, odd, 0n).next(), (err: Error) => {
+    assert.ok(!(err instanceof UnavailableError), `${err.name}: ${err.message}`);
+    assert.match(err.message, /WRONGTYPE/);
+    return true;
+  });
+  // Redis paused past the reader's command timeout: no answer
+  const slow = await redisClient(stack.infra.redis.url, { commandTimeout: 300 });
+  const paused = new MailboxReader(stack.nc, slow, keys, stack.registry, ["default"]);
+  await redis.call("CLIENT", "PAUSE", "2000", "ALL");
+  await assert.rejects(paused.read(shard, user, 0n).next(), (err: Error) => {
+    assert.ok(err instanceof UnavailableError, `${err.name}: ${err.message}`);
+    assert.match(err.message, /^Redis did not answer \(Command timed out\); reconnect$/);
+    return true;
+  });
+  await assert.rejects(paused.watermarks(shard, user), UnavailableError);
+  await waitFor("Redis answering again", async () => (await paused.watermarks(shard, user).catch(() => undefined))?.head !== undefined, { timeoutMs: 10_000 });
+  assert.ok((await paused.watermarks(shard, user)).head > 0n);
+  slow.disconnect();
+});

@@ -7,7 +7,9 @@ import assert from "node:assert/strict";
 import { CloseCode, Disconnect, ErrorCode, bumpEpoch, composeSeq, encodeFrame, halfRange, initialShards, splitShard, userHash, type ClientFrame, type DeviceCursor, type ErrorFrame, type MailboxSeq, type Push, type ShardState } from "../../protocol/index.js";
 import { cursorSigner } from "../../protocol/io/index.js";
 import { RequestError, TimeoutError } from "@nats-io/transport-node";
-import { JetStreamError } from "@nats-io/jetstream";
+import { JetStreamApiError, JetStreamError } from "@nats-io/jetstream";
+// the pull status error is exported on the package's internal path only
+import { JetStreamStatusError } from "@nats-io/jetstream/internal";
 import { UnavailableError } from "../../gateway/mailbox/gather.js";
 import { streamCallError } from "../../gateway/mailbox/reader.js";
 import type { Session } from "../../gateway/session/session.js";
@@ -443,6 +445,17 @@ test("session - the stream reader's errors: not there is not ready, not answered
   // a read's consumer that went quiet (this process too busy to see its heartbeats): 4503, not 4500
   assert.ok(streamCallError(new JetStreamError("heartbeats missed"), 3, true) instanceof UnavailableError);
   assert.equal(streamCallError(new JetStreamError("something else"), 3, true) instanceof UnavailableError, false);
+  // a clustered JetStream that cannot serve now (a busy or moving leader, a stream offline, the
+  // consumer limit, a pull's leadership change): 4503, not 4500
+  const api = (code: number, err_code: number, description: string) => new JetStreamApiError({ code, err_code, description });
+  for (const busy of [api(503, 10008, "JetStream system temporarily unavailable"), api(500, 10118, "stream is offline"), api(503, 10023, "insufficient resources"), api(400, 10026, "maximum consumers limit reached"), new JetStreamStatusError("leadership change", 409), new JetStreamStatusError("no responders", 503), new JetStreamStatusError("request timeout", 408)]) {
+    const e = streamCallError(busy, 3, true);
+    assert.ok(e instanceof UnavailableError, `${busy.message}: ${String(e)}`);
+    assert.match(e.message, new RegExp(`^shard 3's stream did not answer \\(${busy.message}\\); reconnect$`));
+  }
+  // a request JetStream refused as wrong stays what it is: a bug to see, not a retry
+  const wrong = api(400, 10025, "bad request");
+  assert.equal(streamCallError(wrong, 3, true), wrong);
   const bug = new TypeError("a bug");
   assert.equal(streamCallError(bug, 3, true), bug);
 });
