@@ -8,10 +8,11 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { randomBytes } from "node:crypto";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { halfRange, shardStream, userHash } from "../protocol/index.js";
+import { RedisKeys, halfRange, shardStream, userHash } from "../protocol/index.js";
+import { loadConfig } from "../protocol/io/index.js";
 
 type HashRange = { lo: number; hi: number };
-import { startStack, spawnGateway, type JetgateProcess, type Stack } from "../test/harness/stack.js";
+import { redisClient, startStack, spawnGateway, type JetgateProcess, type Stack } from "../test/harness/stack.js";
 import { deviceToken } from "../test/harness/device.js";
 import { runCli } from "../test/harness/cli.js";
 import { ClientProcess, DeviceLog } from "./client-process.js";
@@ -45,6 +46,8 @@ export class Kit {
   private readonly dir = mkdtempSync(join(tmpdir(), "jetgate-conformance-"));
   private seqNo = 0;
   proxy: FrameProxy | undefined;
+  /** The last ACK a scenario read (ackedSeq). */
+  lastAck = 0n;
   /** The token each `token` event gets; a scenario may change it (a short-lived one, a refused one). */
   tokenFor: () => Promise<string> = () => deviceToken(this.user, { device: this.device });
 
@@ -56,8 +59,9 @@ export class Kit {
   ) {}
 
   static async start(opts: KitOptions, user: (k: { shardOf: (u: string) => number; rangeOf: (shard: number) => HashRange }) => string): Promise<Kit> {
-    // a drain of 1 s: a drained or rolled gateway's devices move on as they would after 10 s, sooner
-    const stack = await startStack({ env: { JETGATE_SERVICE_TOKEN: SERVICE_TOKEN, JETGATE_HEARTBEAT_MS: "2000", JETGATE_DRAIN_MS: "1000" }, gateway: opts.gateway ?? {} });
+    // a drain of 1 s and leases of 1 s: a drained or rolled gateway's devices move on, and a
+    // worker takes a shard again after a takeover, as they would with the defaults, sooner
+    const stack = await startStack({ env: { JETGATE_SERVICE_TOKEN: SERVICE_TOKEN, JETGATE_HEARTBEAT_MS: "2000", JETGATE_DRAIN_MS: "1000", JETGATE_LEASE_MS: "1000" }, gateway: opts.gateway ?? {} });
     const gateways = [stack.gateway!];
     for (let i = 1; i < (opts.gateways ?? 1); i++) gateways.push(await spawnGateway(stack.infra.env, opts.gateway ?? {}));
     const view = { shardOf: (u: string) => stack.registry.shards.shardOf(u) ?? -1, rangeOf: (s: number) => stack.registry.state.shards.get(s)!.range };
@@ -155,6 +159,17 @@ export class Kit {
       headers: { authorization: `Bearer ${SERVICE_TOKEN}`, ...(body !== undefined ? { "content-type": "application/json" } : {}) },
       ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
     });
+  }
+
+  /** The device's last cumulative ACK as the gateway stored it (0 before any). */
+  async ackedSeq(): Promise<bigint> {
+    const redis = await redisClient(this.stack.infra.redis.url);
+    try {
+      const v = await redis.get(new RedisKeys(loadConfig(this.stack.infra.env).JETGATE_REDIS_PREFIX).deviceAck(this.user, this.device));
+      return v === null ? 0n : BigInt(v);
+    } finally {
+      redis.disconnect();
+    }
   }
 
   /** Drops all but the newest `keep` entries of the user's shard stream, as retention would. */
