@@ -369,6 +369,8 @@ export class JetgateClient {
       this.emit({ type: "cursor_invalid", reason: f.msg });
       return;
     }
+    // UNAVAILABLE (4503 follows): the gateway says when to come back, as a GOAWAY does
+    if (f.code === ErrorCode.UNAVAILABLE && f.fatal && f.retry_ms !== undefined) this.backoff.retryAfter(f.retry_ms);
     const id = f.id;
     if (id === undefined) return;
     const s = this.sends.get(id);

@@ -8,7 +8,7 @@ import type { ClientEvent } from "./events.js";
 
 /** What the client does after the connection closed with a code. */
 export type AfterClose =
-  /** Reconnect after the backoff (or a GOAWAY's `retry_ms`). */
+  /** Reconnect after the backoff (or the `retry_ms` of a GOAWAY or an ERROR UNAVAILABLE). */
   | { type: "backoff" }
   /** The backend asked for a reconnect (4300-4399): at once, with the backoff reset; the app is told. */
   | { type: "now"; event: ClientEvent }
@@ -33,8 +33,8 @@ export function afterClose(code: number, reason: string): AfterClose {
 }
 
 /**
- * Full-jitter exponential backoff between attempts, reset after each SYNCED; a GOAWAY's `retry_ms`
- * (or a reconnect the backend asked for) replaces the next delay once.
+ * Full-jitter exponential backoff between attempts, reset after each SYNCED; the `retry_ms` of a
+ * GOAWAY or an ERROR UNAVAILABLE (or a reconnect the backend asked for) replaces the next delay once.
  */
 export class Backoff {
   /** Attempts since the last SYNCED: also picks the gateway of a URL list. */
@@ -58,7 +58,7 @@ export class Backoff {
     this.attempt = 0;
   }
 
-  /** GOAWAY {retry_ms}. */
+  /** GOAWAY {retry_ms}, ERROR UNAVAILABLE {retry_ms}. */
   retryAfter(ms: number): void {
     this.override = ms;
   }

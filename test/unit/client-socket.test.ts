@@ -203,6 +203,18 @@ test("client socket - reconnect backoff: longer after each failure under the cap
   assert.equal(r.client.stats.reconnects, 5);
 });
 
+test("client socket - ERROR UNAVAILABLE's retry_ms replaces the next wait, as GOAWAY's does (docs/protocol.md: 4503 after retry_ms)", async (t) => {
+  const r = await rig(t, { backoff: { baseMs: 1000, capMs: 4000 } });
+  await r.answer(authOk(0n), synced(0n));
+  r.last().deliver({ t: "ERROR", code: "UNAVAILABLE", msg: "registry unavailable: reconnect later", fatal: true, retry_ms: 6000 });
+  r.last().serverClose(4503);
+  await r.tick(5999);
+  assert.equal(r.sockets.length, 1, "not before retry_ms");
+  await r.tick(1);
+  assert.equal(r.sockets.length, 2);
+  assert.deepEqual(r.states().filter((s) => s.startsWith("waiting")), ["waiting 0 6000"]);
+});
+
 test("client socket - heartbeat: PING every hb; nothing heard for 2 x hb + 5 s closes with 4001 and reconnects without the close handshake", async (t) => {
   const r = await rig(t);
   await r.answer(authOk(0n, tok(), 1000), synced(0n));
