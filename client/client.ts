@@ -373,6 +373,12 @@ export class JetgateClient {
     if (f.code === ErrorCode.UNAVAILABLE && f.fatal && f.retry_ms !== undefined) this.backoff.retryAfter(f.retry_ms);
     const id = f.id;
     if (id === undefined) return;
+    // a gap's PULL refused (BAD_REQUEST): the gap cannot be filled on this session, and waiting
+    // for an answer would stall applying; a new session resumes from the cursor, before the gap
+    if (this.pulls.has(id)) {
+      this.abandon(DeviceClose.RECONNECT);
+      return;
+    }
     const s = this.sends.get(id);
     if (s === undefined) return;
     if (f.code === ErrorCode.INTERNAL) this.clock.setTimeout(() => this.write({ t: "SEND", id, cmid: s.cmid, b: s.b }), SEND_RETRY_MS);

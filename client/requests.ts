@@ -15,6 +15,10 @@ export class PendingPulls {
     });
   }
 
+  has(id: number): boolean {
+    return this.waiting.has(id);
+  }
+
   answer(id: number, reply: PullReply): void {
     this.waiting.get(id)?.(reply);
     this.waiting.delete(id);

@@ -352,6 +352,20 @@ test("client socket - a gap: PULL from the last applied, its answer first; a PUL
   assert.equal(r.last().sent("AUTH")[0]?.cursor?.seq, S(3));
 });
 
+test("client socket - a gap's PULL refused with an ERROR: the session is given up (4000) and the next resumes before the gap, nothing applied over it", async (t) => {
+  const r = await rig(t);
+  await r.answer(authOk(0n), msgs(0, entry(S(1), "e1", 0n)), synced(S(1)), msgs(0, entry(S(3), "e3", S(2))));
+  const [pull] = r.last().sent("PULL");
+  r.last().deliver({ t: "ERROR", code: "BAD_REQUEST", msg: "after is no position of this user's shards", fatal: false, id: pull!.id });
+  await settle();
+  assert.equal(r.sockets[0]!.closedWith?.code, 4000);
+  assert.deepEqual(ids(r.applied), ["e1"], "e3 not applied over the gap");
+  await r.tick(125);
+  r.last().accept();
+  assert.equal(r.sockets.length, 2);
+  assert.equal(r.last().sent("AUTH")[0]?.cursor?.seq, S(1));
+});
+
 test("client socket - a handler that throws gets the entry again after its backoff; nothing after it meanwhile", async (t) => {
   let failures = 2;
   const order: string[] = [];
