@@ -268,13 +268,13 @@ export const SCENARIOS: Scenario[] = [
   },
   {
     name: "token_refresh",
-    what: "a token that expires in 4 s: the device refreshes it and its session outlives it",
+    what: "a token that expires in 3 s: the device refreshes it and its session outlives it",
     async run(k) {
-      k.tokenFor = () => deviceToken(k.user, { device: k.device, expiresInS: 4 });
+      k.tokenFor = () => deviceToken(k.user, { device: k.device, expiresInS: 3 });
       await k.startClient();
       await k.live();
       await k.dispatch(3);
-      await new Promise((r) => setTimeout(r, 7000));
+      await new Promise((r) => setTimeout(r, 5000));
       await k.dispatch(3);
       await k.allApplied();
       expect(k.log.of("token").length >= 2, "a second token asked for before the first expired");
@@ -290,7 +290,8 @@ export const SCENARIOS: Scenario[] = [
       expect(res.ok, `the server API answered ${res.status}`);
       await k.log.until("signed_out", () => k.log.of("signed_out").length > 0);
       const at = k.log.events.length;
-      await new Promise((r) => setTimeout(r, 3000));
+      // longer than any SDK's first backoff step, so a reconnect would have begun
+      await new Promise((r) => setTimeout(r, 2000));
       expect(!since(k, at).some((e) => e.ev === "state" && e.state === "connecting"), "no reconnect after 4403");
       expect(k.log.of("closed").some((e) => e.code === 4403), "closed with 4403");
     },
@@ -314,13 +315,13 @@ export const SCENARIOS: Scenario[] = [
       expect(k.log.of("signed_out").length === 0, "not signed out");
     },
   },
-  soak(20),
+  soak(12),
 ];
 
 /**
  * The soak: entries dispatched all along while the device crashes (SIGKILL), stops and starts
  * again, and the gateways are rolled (drained and replaced on their ports), for `seconds`; at the
- * end every entry once, in order, nothing lost. `npm test` runs 20 s of it per SDK;
+ * end every entry once, in order, nothing lost. `npm test` runs 12 s of it per SDK;
  * `npm run conformance -- --soak-seconds 600` runs the long one.
  */
 export function soak(seconds: number): Scenario {
