@@ -46,8 +46,6 @@ export class Kit {
   private readonly dir = mkdtempSync(join(tmpdir(), "jetgate-conformance-"));
   private seqNo = 0;
   proxy: FrameProxy | undefined;
-  /** The last ACK a scenario read (ackedSeq). */
-  lastAck = 0n;
   /** The token each `token` event gets; a scenario may change it (a short-lived one, a refused one). */
   tokenFor: () => Promise<string> = () => deviceToken(this.user, { device: this.device });
 

@@ -5,6 +5,7 @@
  */
 import { randomBytes } from "node:crypto";
 import { deviceToken } from "../test/harness/device.js";
+import { waitFor } from "../test/harness/wait.js";
 import { userMovedTwice, userOn, type Kit, type KitOptions } from "./kit.js";
 
 export interface Scenario {
@@ -22,15 +23,6 @@ export interface Scenario {
 
 function expect(ok: boolean, what: string): void {
   if (!ok) throw new Error(`expected: ${what}`);
-}
-
-/** Waits for a condition no event of the client marks (every 20 ms, at most `timeoutMs`). */
-async function poll(what: string, done: () => boolean, timeoutMs = 10_000, read?: () => Promise<void>): Promise<void> {
-  for (const until = Date.now() + timeoutMs; ; await new Promise((r) => setTimeout(r, read ? 200 : 20))) {
-    await read?.();
-    if (done()) return;
-    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
-  }
 }
 
 /** Starts the device, waits until it is live, dispatches `n` entries and waits until they are applied. */
@@ -52,7 +44,7 @@ export const SCENARIOS: Scenario[] = [
       await liveWith(k, 20);
       // the cumulative ACK reaches the gateway within the SDK's batching (docs/protocol.md: at most every N entries or M ms)
       const last = k.dispatched.at(-1)!.seq;
-      await poll("the device's ACK of its last entry", () => k.lastAck === last, 10_000, async () => void (k.lastAck = await k.ackedSeq()));
+      await waitFor("the device's ACK of its last entry", async () => (await k.ackedSeq()) === last, { timeoutMs: 10_000 });
       await k.stopClient();
       await k.dispatch(10);
       const from = k.log.events.length;
@@ -117,7 +109,7 @@ export const SCENARIOS: Scenario[] = [
       await liveWith(k, 2);
       k.proxy!.dropNextLiveMsgs();
       await k.dispatch(1);
-      await poll("the frame dropped", () => k.proxy!.dropped === 1);
+      await waitFor("the frame dropped", () => k.proxy!.dropped === 1, { timeoutMs: 10_000 });
       await k.dispatch(3);
       await k.allApplied();
       expect(k.proxy!.pulls >= 1, "a PULL for the gap");
