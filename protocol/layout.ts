@@ -7,6 +7,7 @@
  * Every key of a user carries the hash tag `{u:<user>}` so a script that touches one user's keys
  * stays in one Redis Cluster slot; shard keys carry `{s:<shard>}`.
  */
+import { z } from "zod";
 import { assertId } from "./ids.js";
 import { seqEpoch, seqOffset, type MailboxSeq } from "./seq.js";
 import { assertShard } from "./subjects.js";
@@ -593,20 +594,57 @@ export function workerConsumerEpoch(name: string): number | undefined {
 }
 
 /**
+ * How far an epoch's worker consumer got, as its worker records it in JETGATE_FLOORS
+ * (`floorSubject`): at the takeover, before the consumer exists (`offset` = its first offset - 1),
+ * then about once a second after an ack. Worker consumers are R1 (an R3 consumer replicates every
+ * delivery through raft), so a NATS node lost with one takes its ack floor along; the record, on
+ * the streams' replicas, is what the next takeover starts from then. It may lag the ack floor by a
+ * second: a floor too low only repeats entries.
+ */
+export interface FloorRecord {
+  epoch: number;
+  offset: number;
+}
+
+const floorRecordSchema = z.strictObject({ epoch: z.number().int().min(0).max(0xffff), offset: z.number().int().min(0).max(2 ** 48 - 1) });
+
+export function encodeFloorRecord(r: FloorRecord): Uint8Array {
+  return new TextEncoder().encode(JSON.stringify({ epoch: r.epoch, offset: r.offset }));
+}
+
+/** The record as stored; throws on anything else (the stream is jetgate's, but its bytes cross NATS). */
+export function decodeFloorRecord(data: Uint8Array): FloorRecord {
+  return floorRecordSchema.parse(JSON.parse(new TextDecoder().decode(data)));
+}
+
+/**
  * The shard's processing floor: the ack floor of the newest epoch's worker consumer (0 when there
  * is none). Not the highest floor of them all: a worker that claims an epoch may start below the
  * previous owner's floor (what that owner processed past the new boundary went out under its
  * fenced epoch and is processed again), and if it dies before deleting the older consumer, that
  * consumer's floor would skip those entries at the next takeover. A floor too low only repeats
  * entries (devices drop them by message id); one too high loses them.
+ *
+ * `record`: the floor record of an epoch newer than every consumer listed, if there is one (its
+ * consumer was lost with its NATS node, or its worker died between the record and the consumer):
+ * it stands for that epoch's consumer. A record of an epoch no newer than a listed consumer says
+ * nothing the consumer does not.
  */
-export function processingFloor(consumers: readonly { name: string; ack_floor: { stream_seq: number } }[]): number {
+export function processingFloor(consumers: readonly { name: string; ack_floor: { stream_seq: number } }[], record?: FloorRecord): number {
   let newest: { epoch: number; floor: number } | undefined;
   for (const c of consumers) {
     const epoch = workerConsumerEpoch(c.name);
     if (epoch !== undefined && (newest === undefined || epoch > newest.epoch)) newest = { epoch, floor: c.ack_floor.stream_seq };
   }
+  if (record !== undefined && (newest === undefined || record.epoch > newest.epoch)) return record.offset;
   return newest?.floor ?? 0;
+}
+
+/** The newest epoch of the worker consumers listed; -1 when there is none. */
+export function newestConsumerEpoch(names: readonly string[]): number {
+  let newest = -1;
+  for (const n of names) newest = Math.max(newest, workerConsumerEpoch(n) ?? -1);
+  return newest;
 }
 
 /** An ephemeral consumer a gateway creates for one catch-up read (`suffix`: random hex). */

@@ -6,6 +6,14 @@ export const REGISTRY_STREAM = "JETGATE_REGISTRY";
 export const REGISTRY_SUBJECT = "jetgate.registry";
 export const INGRESS_STREAM = "INGRESS";
 export const INGRESS_SUBJECTS = "in.>";
+/** Where workers record each epoch's processing floor (protocol/layout.ts, FloorRecord): one subject per shard and epoch. */
+export const FLOORS_STREAM = "JETGATE_FLOORS";
+export const FLOORS_SUBJECTS = "jetgate.floor.>";
+
+/** The floor record of `shard` under `epoch`. */
+export function floorSubject(shard: number, epoch: number): string {
+  return `jetgate.floor.${assertShard(shard)}.${epoch}`;
+}
 
 export class InvalidShardError extends JetgateError {
   constructor(shard: unknown) {

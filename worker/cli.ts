@@ -37,7 +37,7 @@ export const COMMANDS: readonly Command[] = [
   {
     name: "registry init",
     args: "[--shards N]",
-    description: "create the registry, shard streams and INGRESS (idempotent)",
+    description: "create the registry, shard streams, INGRESS and JETGATE_FLOORS (idempotent)",
     run: (args, o) => withRegistry(args, (nc, config) => registryInit(nc, config, o.out)),
   },
   {

@@ -14,6 +14,7 @@ import { registryRecord, initialShards } from "../protocol/index.js";
 import {
   RegistryClient,
   ensureStream,
+  floorsStreamConfig,
   ingressStreamConfig,
   logOfStream,
   newLogId,
@@ -69,8 +70,10 @@ export async function initRegistry(
         report.atomicEnabled.push(cfg.name);
       }
     }
-    const ingress = await ensureStream(jsm, ingressStreamConfig(settings));
-    (ingress.created ? report.streamsCreated : report.streamsExisting).push(ingress.info.config.name);
+    for (const cfg of [ingressStreamConfig(settings), floorsStreamConfig(settings.JETGATE_STREAM_REPLICAS)]) {
+      const made = await ensureStream(jsm, cfg);
+      (made.created ? report.streamsCreated : report.streamsExisting).push(made.info.config.name);
+    }
     return report;
   } finally {
     await registry.close();

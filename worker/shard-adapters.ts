@@ -6,8 +6,21 @@
 import type { Logger } from "pino";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { AckPolicy, DeliverPolicy, jetstream, type JetStreamClient, type JetStreamManager } from "@nats-io/jetstream";
-import { isWorkerConsumer, processingFloor, shardStream, workerConsumerName, type Clock, type RedisKeys } from "../protocol/index.js";
-import { CONSUME_OPTIONS, logOfStream, type RedisClient, type RegistryClient } from "../protocol/io/index.js";
+import {
+  decodeFloorRecord,
+  encodeFloorRecord,
+  FLOORS_STREAM,
+  floorSubject,
+  isWorkerConsumer,
+  newestConsumerEpoch,
+  processingFloor,
+  shardStream,
+  workerConsumerName,
+  type Clock,
+  type FloorRecord,
+  type RedisKeys,
+} from "../protocol/index.js";
+import { CONSUME_OPTIONS, ensureStream, floorsStreamConfig, isNotFound, logOfStream, type RedisClient, type RegistryClient } from "../protocol/io/index.js";
 import { applyBatch } from "./mailbox-script.js";
 import type { WorkerMetrics } from "./metrics.js";
 import type { Deliveries, LogMsg, MailboxStore, PushSink, RunnerConfig, RunnerDeps, ShardLog } from "./shard-ports.js";
@@ -28,16 +41,39 @@ export interface WorkerDeps {
   clock: Clock;
 }
 
+/** How many epochs below the registry's a takeover looks for a floor record (older ones are long settled). */
+const FLOOR_RECORD_EPOCHS = 16;
+
 /**
  * The shard's processing floor and its worker consumers, as a takeover reads them: the one place
- * the floor is read, for a worker's takeover and for `jetgate shard takeover`.
+ * the floor is read, for a worker's takeover and for `jetgate shard takeover`. When no consumer of
+ * the registry's `epoch` is listed (worker consumers are R1: one lost with its NATS node is not),
+ * the newest floor record above every listed consumer's epoch stands for it (protocol/layout.ts,
+ * FloorRecord).
  */
-export async function readAckFloor(jsm: JetStreamManager, stream: string): Promise<{ floor: number; consumers: string[] }> {
+export async function readAckFloor(jsm: JetStreamManager, shard: number, epoch: number): Promise<{ floor: number; consumers: string[] }> {
   const consumers: { name: string; ack_floor: { stream_seq: number } }[] = [];
-  for await (const c of jsm.consumers.list(stream)) {
+  for await (const c of jsm.consumers.list(shardStream(shard))) {
     if (isWorkerConsumer(c.name)) consumers.push(c);
   }
-  return { floor: processingFloor(consumers), consumers: consumers.map((c) => c.name) };
+  const names = consumers.map((c) => c.name);
+  const listed = newestConsumerEpoch(names);
+  let record: FloorRecord | undefined;
+  for (let e = epoch; e > listed && e > epoch - FLOOR_RECORD_EPOCHS && record === undefined; e--) record = await floorRecord(jsm, shard, e);
+  return { floor: processingFloor(consumers, record), consumers: names };
+}
+
+/** The floor record of `shard` under `epoch`, from the floors stream's leader; undefined when there is none (or no stream: a deployment from before it). */
+async function floorRecord(jsm: JetStreamManager, shard: number, epoch: number): Promise<FloorRecord | undefined> {
+  try {
+    const m = await jsm.streams.getMessage(FLOORS_STREAM, { last_by_subj: floorSubject(shard, epoch) });
+    if (m === null) return undefined;
+    const r = decodeFloorRecord(m.data);
+    return r.epoch === epoch ? r : undefined;
+  } catch (err) {
+    if (isNotFound(err)) return undefined;
+    throw err;
+  }
 }
 
 /** A shard stream `MBX_<shard>` and its worker consumers, over JetStream. */
@@ -48,8 +84,10 @@ export class NatsShardLog implements ShardLog {
   constructor(
     nc: NatsConnection,
     private readonly jsm: JetStreamManager,
-    shard: number,
+    private readonly shard: number,
     private readonly ackWaitS: number,
+    /** The floors stream's replicas, made with the first record if it is not there (a deployment from before it). */
+    private readonly replicas: number,
   ) {
     this.stream = shardStream(shard);
     this.js = jetstream(nc);
@@ -59,8 +97,19 @@ export class NatsShardLog implements ShardLog {
     return logOfStream(await this.jsm.streams.info(this.stream));
   }
 
-  ackFloor(): Promise<{ floor: number; consumers: string[] }> {
-    return readAckFloor(this.jsm, this.stream);
+  ackFloor(epoch: number): Promise<{ floor: number; consumers: string[] }> {
+    return readAckFloor(this.jsm, this.shard, epoch);
+  }
+
+  async recordFloor(epoch: number, offset: number): Promise<void> {
+    const record = () => this.js.publish(floorSubject(this.shard, epoch), encodeFloorRecord({ epoch, offset }));
+    try {
+      await record();
+    } catch (err) {
+      // no stream answered: made here once (what registry init makes), then written again
+      if ((await ensureStream(this.jsm, floorsStreamConfig(this.replicas))).created) await record();
+      else throw err;
+    }
   }
 
   async openConsumer(epoch: number, startOffset: number): Promise<void> {
@@ -71,6 +120,10 @@ export class NatsShardLog implements ShardLog {
       opt_start_seq: startOffset,
       ack_wait: this.ackWaitS * 1_000_000_000,
       max_ack_pending: 100_000,
+      // R1 whatever the stream's replicas: an R3 consumer replicates every delivery through raft
+      // (on an R3 cluster a third of nats-server's CPU per entry, bench/RESULTS.md). What it would
+      // keep through the loss of its node, the ack floor, the worker records itself (recordFloor).
+      num_replicas: 1,
     });
   }
 
@@ -111,7 +164,7 @@ export function redisMailboxStore(redis: RedisClient, keys: RedisKeys): MailboxS
 /** The ports of one shard's runner; `jsm` is the worker's JetStream manager. */
 export function shardRunnerDeps(d: WorkerDeps, jsm: JetStreamManager, shard: number): RunnerDeps {
   return {
-    shardLog: new NatsShardLog(d.nc, jsm, shard, d.config.JETGATE_WORKER_ACK_WAIT_S),
+    shardLog: new NatsShardLog(d.nc, jsm, shard, d.config.JETGATE_WORKER_ACK_WAIT_S, d.config.JETGATE_STREAM_REPLICAS),
     mailboxes: redisMailboxStore(d.redis, d.keys),
     pushes: d.pushes,
     registry: d.registry,

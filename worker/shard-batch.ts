@@ -28,6 +28,9 @@ import { RETRY_BACKOFF, type EpochGuard } from "./epoch-guard.js";
 import type { ApplyEntryResult, BatchShared } from "./mailbox-script.js";
 import type { DeliveredMsg, LogMsg, RunnerDeps } from "./shard-ports.js";
 
+/** How often a runner records its floor while it acks: at most what a takeover after a lost consumer repeats. */
+const FLOOR_RECORD_MS = 1000;
+
 /** The runner's ports and parts this needs (every one but its worker id), and its shard. */
 export type BatchDeps = Omit<RunnerDeps, "workerId"> & { shard: number };
 
@@ -64,6 +67,9 @@ export class ShardBatches {
   private readonly settings: Omit<BatchShared, "shard" | "log">;
   /** The stage times, the push latency and the Redis retries' waits run on it (RunnerDeps.clock). */
   private readonly clock: Clock;
+  /** When the floor was last recorded (the clock's monotonic ms), and whether a write is in flight. */
+  private floorAt: number;
+  private floorWriting = false;
 
   constructor(
     private readonly d: BatchDeps,
@@ -83,6 +89,8 @@ export class ShardBatches {
     this.lastOffset = start.startOffset - 1;
     this.plannedOffset = this.lastOffset;
     this.lastSeq = start.startOffset > 1 ? this.seqOf(start.startOffset - 1) : 0n;
+    // the takeover recorded the start
+    this.floorAt = this.clock.monotonic();
   }
 
   /** The last log offset done. */
@@ -156,6 +164,7 @@ export class ShardBatches {
     this.fault("push");
     // AckAll: everything up to the highest offset (a batch of redeliveries only: acked again, harmless)
     p.batch[p.ack]!.ack();
+    this.recordFloor(p.maxOffset);
     const n = p.batch.length;
     // each of the batch's entries spent the batch's time in each step; the confirmation's includes
     // the wait for the batch before it to leave
@@ -168,6 +177,26 @@ export class ShardBatches {
     this.d.metrics.batches.inc(this.label);
     this.d.metrics.offset.set(this.label, this.lastOffset);
     return true;
+  }
+
+  /**
+   * The floor record (protocol/layout.ts, FloorRecord) at most once a FLOOR_RECORD_MS, one write in
+   * flight, after the batch's pushes on the same connection. It may run ahead of the consumer's ack
+   * floor by the ack in flight: everything up to it was pushed. Not written is only more repeats
+   * after a lost consumer, so a failure is logged and the batches go on.
+   */
+  private recordFloor(offset: number): void {
+    const now = this.clock.monotonic();
+    if (this.floorWriting || now - this.floorAt < FLOOR_RECORD_MS) return;
+    this.floorWriting = true;
+    this.floorAt = now;
+    this.d.shardLog.recordFloor(this.guard.epoch, offset).then(
+      () => (this.floorWriting = false),
+      (err: unknown) => {
+        this.floorWriting = false;
+        this.d.log.warn({ shard: this.d.shard, offset, err: (err as Error).message }, "could not record the floor");
+      },
+    );
   }
 
   /**

@@ -158,7 +158,7 @@ async function copied(jsm: JetStreamManager, name: string, want: number, ctx: Op
 export async function takeoverShard(ctx: OpsContext, shard: number): Promise<void> {
   await withRegistry(ctx, async (registry, jsm) => {
     const before = activeShard(registry, shard);
-    const { floor } = await readAckFloor(jsm, shardStream(shard));
+    const { floor } = await readAckFloor(jsm, shard, before.epoch);
     let unclaimed: ShardState | undefined;
     const written = await registry.update((state) => {
       const s = state.shards.get(shard)!;

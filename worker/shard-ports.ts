@@ -35,8 +35,13 @@ export interface Deliveries extends AsyncIterable<DeliveredMsg> {
 export interface ShardLog {
   /** The log id the stream says it holds; undefined for a stream jetgate did not make. */
   logId(): Promise<string | undefined>;
-  /** The names of the shard's worker consumers and its processing floor (`processingFloor`). */
-  ackFloor(): Promise<{ floor: number; consumers: string[] }>;
+  /**
+   * The names of the shard's worker consumers and its processing floor (`processingFloor`), with
+   * the floor record of an epoch up to `epoch` (the registry's) newer than every consumer listed.
+   */
+  ackFloor(epoch: number): Promise<{ floor: number; consumers: string[] }>;
+  /** Records how far `epoch`'s consumer got (FloorRecord); resolves once it is stored. */
+  recordFloor(epoch: number, offset: number): Promise<void>;
   /** Makes `epoch`'s consumer: AckAll, delivering from `startOffset`. */
   openConsumer(epoch: number, startOffset: number): Promise<void>;
   deleteConsumer(name: string): Promise<void>;
@@ -87,6 +92,7 @@ export type RunnerConfig = Pick<
   | "JETGATE_HOT_CACHE_TTL_S"
   | "JETGATE_DEDUP_TTL_S"
   | "JETGATE_STREAM_MAX_AGE_S"
+  | "JETGATE_STREAM_REPLICAS"
   | "JETGATE_FAULT_EXIT_AFTER"
 >;
 

@@ -1,6 +1,7 @@
 /**
  * A worker's takeover of a shard (docs/registry-and-worker.md, "Takeover"): read the ack floor of
- * the shard's worker consumers and let `planTakeover` decide. An epoch an operation wrote (init,
+ * the shard's worker consumers (or an epoch's floor record, for a consumer lost with its NATS node)
+ * and let `planTakeover` decide. An epoch an operation wrote (init,
  * `jetgate shard takeover`, split, rebuild, failover) that no worker has claimed yet is claimed: a
  * record that changes no epoch, consumed from that boundary's start. An epoch its owner released is
  * claimed too (a resume), consumed from the offset after the release. Otherwise the worker appends
@@ -48,7 +49,7 @@ export async function takeShard(d: TakeoverDeps): Promise<Taken | { refused: str
     d.log.error({ shard: d.shard, stream: streamLog, registry: before.log }, "stream/registry log mismatch: refusing the shard");
     return { refused: `stream ${shardStream(d.shard)} is not log ${before.log} of the registry` };
   }
-  const { floor, consumers } = await d.shardLog.ackFloor();
+  const { floor, consumers } = await d.shardLog.ackFloor(before.epoch);
   // Claim an operation's epoch, else bump. Consume from the floor (a claim: from the boundary's
   // start); a bump's new epoch starts at or above the current boundary (a split's cut may lie
   // above the floor: what is between is processed under the parent's older epoch).
@@ -74,6 +75,9 @@ export async function takeShard(d: TakeoverDeps): Promise<Taken | { refused: str
   // this epoch; the next takeover's start is then bounded by the released offset (processingStart).
   const name = workerConsumerName(epoch);
   if (mode === "resume") await d.shardLog.deleteConsumer(name).catch(() => undefined);
+  // the floor record first: whenever this epoch's consumer exists, so does its record, which stands
+  // for the consumer if its NATS node is lost (worker consumers are R1)
+  await d.shardLog.recordFloor(epoch, startOffset - 1);
   await d.shardLog.openConsumer(epoch, startOffset);
   for (const c of consumers) {
     if (c !== name) await d.shardLog.deleteConsumer(c).catch(() => undefined);

@@ -6,7 +6,7 @@
  * Each name is exported by name: this list is the public surface, not everything the modules export.
  */
 export { RegistryClient } from "./registry-client.js";
-export { CONSUME_OPTIONS, ensureStream, ingressStreamConfig, isNotFound, logOfStream, newLogId, registryStreamConfig, shardStreamConfig, type StreamSettings } from "./streams.js";
+export { CONSUME_OPTIONS, ensureStream, floorsStreamConfig, ingressStreamConfig, isNotFound, logOfStream, newLogId, registryStreamConfig, shardStreamConfig, type StreamSettings } from "./streams.js";
 export { Dispatcher, LinkDispatcher, type DispatcherOptions, type DispatchStats } from "./dispatch.js";
 export { connectNats, connectRedis, NatsServerTooOldError, scripted, type RedisClient, type ScriptedRedis } from "./connect.js";
 export { exitOnUnhandledRejection, onShutdownSignal, registryLogging, runAsMain } from "./process.js";

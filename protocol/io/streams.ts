@@ -17,7 +17,7 @@ import {
   type StreamInfo,
 } from "@nats-io/jetstream";
 import type { Config } from "../config.js";
-import { INGRESS_STREAM, INGRESS_SUBJECTS, REGISTRY_STREAM, REGISTRY_SUBJECT, shardStream, shardSubjects } from "../subjects.js";
+import { FLOORS_STREAM, FLOORS_SUBJECTS, INGRESS_STREAM, INGRESS_SUBJECTS, REGISTRY_STREAM, REGISTRY_SUBJECT, shardStream, shardSubjects } from "../subjects.js";
 
 export type StreamSettings = Pick<
   Config,
@@ -78,6 +78,25 @@ export function registryStreamConfig(replicas: number): Partial<StreamConfig> & 
     // The registry is the history of every epoch: nothing may remove records from it.
     deny_delete: true,
     deny_purge: true,
+    allow_direct: true,
+  };
+}
+
+/**
+ * The workers' floor records (protocol/layout.ts, FloorRecord): the last one of each shard and
+ * epoch, on as many replicas as the shard streams, so that it outlives the NATS node of the R1
+ * consumer it stands for. A few hundred bytes a shard and epoch; the oldest go first past a million.
+ */
+export function floorsStreamConfig(replicas: number): Partial<StreamConfig> & { name: string } {
+  return {
+    name: FLOORS_STREAM,
+    subjects: [FLOORS_SUBJECTS],
+    storage: StorageType.File,
+    retention: RetentionPolicy.Limits,
+    discard: DiscardPolicy.Old,
+    max_msgs_per_subject: 1,
+    max_msgs: 1_000_000,
+    num_replicas: replicas,
     allow_direct: true,
   };
 }

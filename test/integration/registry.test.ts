@@ -16,10 +16,10 @@ after(async () => {
   await nats.dispose();
 });
 
-test("registry - init creates registry, shard streams and INGRESS; a second run changes nothing", async () => {
+test("registry - init creates registry, shard streams, INGRESS and the floors stream; a second run changes nothing", async () => {
   const first = await initRegistry(nc, { ...config, shards: 2, by: "test" });
   assert.equal(first.layoutWritten, true);
-  assert.deepEqual(first.streamsCreated.sort(), ["INGRESS", "MBX_0", "MBX_1"]);
+  assert.deepEqual(first.streamsCreated.sort(), ["INGRESS", "JETGATE_FLOORS", "MBX_0", "MBX_1"]);
   const second = await initRegistry(nc, { ...config, shards: 5, by: "test" });
   assert.equal(second.layoutWritten, false);
   assert.equal(second.shards, 2, "the existing layout wins");

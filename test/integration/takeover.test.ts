@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { shardStream, workerConsumerName } from "../../protocol/index.js";
+import { decodeFloorRecord, FLOORS_STREAM, floorSubject, shardStream, workerConsumerName } from "../../protocol/index.js";
 import { Dispatcher, RegistryClient } from "../../protocol/io/index.js";
 import { startInfra, initStack, spawnWorker, redisClient, PushCollector, DispatchLoad, type Infra, type JetgateProcess } from "../harness/stack.js";
 import { runCli } from "../harness/cli.js";
@@ -165,6 +165,46 @@ test("takeover - planned handoff: rebalancing and SIGTERM release the epoch, the
       for await (const c of jsm.consumers.list(shardStream(id))) if (c.name.startsWith("w_")) names.push(c.name);
       assert.deepEqual(names, [workerConsumerName(0)]);
     }
+  } finally {
+    await nc.close();
+    await r.close();
+  }
+});
+
+test("takeover - the worker's consumer lost (an R1 consumer's NATS node gone): the next takeover starts from the epoch's floor record, not the boundary; every entry pushed", async () => {
+  const r = await rig();
+  const nc = await connect({ servers: r.infra.nats.url });
+  try {
+    const jsm = await jetstreamManager(nc);
+    const a = await spawnWorker(r.infra.env, { JETGATE_WORKER_ID: "a" });
+    r.procs.push(a);
+    await waitFor("A owns both shards", async () => (await ownedShards(a)).length === 2);
+    const shard = 0;
+    const epochBefore = r.registry.state.shards.get(shard)!.epoch;
+    const consumer = await jsm.consumers.info(shardStream(shard), workerConsumerName(epochBefore));
+    assert.equal(consumer.config.num_replicas, 1, "worker consumers are R1");
+    const load = new DispatchLoad(r.dispatcher, users, { perTick: 20, everyMs: 10, prefix: "L" });
+    // long enough for records after the takeover's own (one a second while it acks)
+    await sleep(2500);
+    const record = decodeFloorRecord((await jsm.streams.getMessage(FLOORS_STREAM, { last_by_subj: floorSubject(shard, epochBefore) }))!.data);
+    assert.equal(record.epoch, epochBefore);
+    assert.ok(record.offset > 100, `recorded while acking (${record.offset})`);
+    // what a node's loss does to an R1 consumer: gone, with its ack floor
+    await jsm.consumers.delete(shardStream(shard), workerConsumerName(epochBefore));
+    await waitFor("the shard taken again under a new epoch", () => r.registry.state.shards.get(shard)!.epoch > epochBefore, { timeoutMs: 10_000 });
+    await sleep(500);
+    await load.stop();
+    const s = r.registry.state.shards.get(shard)!;
+    assert.equal(s.epoch, epochBefore + 1, "one bump");
+    const start = s.boundaries.at(-1)!.start_offset;
+    assert.ok(start > record.offset, `from the record (${record.offset}) or later, not from the boundary's start: ${start}`);
+    assert.equal(load.failed.length, 0);
+    const ids = load.allIds();
+    await waitFor("every dispatched entry pushed", () => {
+      const pushed = new Set(r.pushes.pushes.map((p) => p.push.entry.id));
+      return ids.every((id) => pushed.has(id));
+    }, { timeoutMs: 15_000 });
+    assert.equal(await a.metric("jetgate_mailbox_seq_regression_total"), 0);
   } finally {
     await nc.close();
     await r.close();

@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import fc from "fast-check";
 import {
   initialShards, bigintsAsStrings, bumpEpoch, deriveSeq, applyRecord, decodeRecord, encodeRecord, evenRange, ShardMap, userHash,
-  EMPTY_REGISTRY, RegistryError, composeSeq, HASH_SPACE, MAX_EPOCH, processingFloor, workerConsumerEpoch, workerConsumerName, type RegistryRecord, type ShardState,
+  EMPTY_REGISTRY, RegistryError, composeSeq, HASH_SPACE, MAX_EPOCH, decodeFloorRecord, encodeFloorRecord, newestConsumerEpoch, processingFloor, workerConsumerEpoch, workerConsumerName, type RegistryRecord, type ShardState,
 } from "../../protocol/index.js";
 
 const [s0] = initialShards(1, ["logA"]) as [ShardState];
@@ -306,6 +306,22 @@ test("processing floor: the newest epoch's worker consumer, not the highest floo
     // the first consumer of the newest epoch in the list (two of one epoch never exist: one durable name)
     assert.equal(processingFloor(named), named[cs.indexOf(newest)]!.ack_floor.stream_seq);
   }));
+});
+
+test("processing floor: an epoch's floor record stands for its consumer only when no consumer of that epoch or a newer one is listed", () => {
+  const c = (name: string, floor: number) => ({ name, ack_floor: { stream_seq: floor } });
+  // the consumer of epoch 5 was lost with its node (R1); its worker recorded 310
+  assert.equal(processingFloor([], { epoch: 5, offset: 310 }), 310, "nothing listed");
+  assert.equal(processingFloor([c("w_4", 400)], { epoch: 5, offset: 310 }), 310, "an older epoch's higher floor is not it (a claimer starts below)");
+  assert.equal(processingFloor([c("w_5", 330)], { epoch: 5, offset: 310 }), 330, "the consumer itself: its ack floor (the record lags it)");
+  assert.equal(processingFloor([c("w_6", 12)], { epoch: 5, offset: 310 }), 12, "a newer epoch's consumer");
+  assert.equal(newestConsumerEpoch(["rd_1", "w_3", "w_10", "w_9"]), 10);
+  assert.equal(newestConsumerEpoch([]), -1);
+  const bytes = encodeFloorRecord({ epoch: 7, offset: 2 ** 40 });
+  assert.deepEqual(decodeFloorRecord(bytes), { epoch: 7, offset: 2 ** 40 });
+  for (const bad of ['{"epoch":70000,"offset":1}', '{"epoch":1,"offset":-1}', '{"epoch":1}', '{"epoch":1,"offset":1,"x":1}', "not json"]) {
+    assert.throws(() => decodeFloorRecord(new TextEncoder().encode(bad)), `refused: ${bad}`);
+  }
 });
 
 test("labels - a hash range in hex, eight digits each end (the CLI's and the console's); counts with separators", async () => {

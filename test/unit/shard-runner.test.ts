@@ -15,6 +15,7 @@ import {
   halfRange,
   initialShards,
   isWorkerConsumer,
+  newestConsumerEpoch,
   processingFloor,
   registryRecord,
   seqKey,
@@ -25,6 +26,7 @@ import {
   type RegistryRecord,
   type RegistryState,
   type ShardState,
+  type FloorRecord,
 } from "../../protocol/index.js";
 import type { ApplyEntryResult, BatchEntry, BatchShared } from "../../worker/mailbox-script.js";
 import { WorkerMetrics } from "../../worker/metrics.js";
@@ -177,9 +179,30 @@ class MemLog implements ShardLog {
     return this.log;
   }
 
-  async ackFloor(): Promise<{ floor: number; consumers: string[] }> {
+  /** The floor records by epoch, as JETGATE_FLOORS keeps the last of each. */
+  readonly floors = new Map<number, number>();
+
+  /** As readAckFloor: the record of an epoch newer than every consumer listed stands for its consumer. */
+  async ackFloor(epoch: number): Promise<{ floor: number; consumers: string[] }> {
     const names = [...this.consumers.keys()].filter(isWorkerConsumer);
-    return { floor: processingFloor(names.map((name) => ({ name, ack_floor: { stream_seq: this.consumers.get(name)!.floor } }))), consumers: names };
+    const listed = newestConsumerEpoch(names);
+    let record: FloorRecord | undefined;
+    for (let e = epoch; e > listed && record === undefined; e--) {
+      const offset = this.floors.get(e);
+      if (offset !== undefined) record = { epoch: e, offset };
+    }
+    return { floor: processingFloor(names.map((name) => ({ name, ack_floor: { stream_seq: this.consumers.get(name)!.floor } })), record), consumers: names };
+  }
+
+  async recordFloor(epoch: number, offset: number): Promise<void> {
+    this.calls.push(`record ${workerConsumerName(epoch)}@${offset}`);
+    this.floors.set(epoch, offset);
+  }
+
+  /** The consumer lost with its NATS node (R1): gone, with its ack floor. */
+  lose(epoch: number): void {
+    this.consumers.delete(workerConsumerName(epoch));
+    this.feed?.stop();
   }
 
   async openConsumer(epoch: number, startOffset: number): Promise<void> {
@@ -279,6 +302,7 @@ const CONFIG: RunnerConfig = {
   JETGATE_HOT_CACHE_TTL_S: 86_400,
   JETGATE_DEDUP_TTL_S: 0,
   JETGATE_STREAM_MAX_AGE_S: 604_800,
+  JETGATE_STREAM_REPLICAS: 1,
   JETGATE_FAULT_EXIT_AFTER: "",
 };
 
@@ -357,19 +381,19 @@ test("shard runner - takeover: claim, bump or resume, as planTakeover says, and 
       name: "an unclaimed epoch (init) is claimed: no epoch spent, from the boundary's start",
       shard: (s) => s,
       consumers: [],
-      want: { mode: "claim", epoch: 0, start: 1, calls: ["open w_0@1"], owner: "w1" },
+      want: { mode: "claim", epoch: 0, start: 1, calls: ["record w_0@0", "open w_0@1"], owner: "w1" },
     },
     {
       name: "a claimed epoch is bumped from the ack floor; the older consumer goes",
       shard: (s) => ({ ...s, owner: "w0" }),
       consumers: [["w_0", 7]],
-      want: { mode: "bump", epoch: 1, start: 8, calls: ["open w_1@8", "delete w_0"], owner: "w1" },
+      want: { mode: "bump", epoch: 1, start: 8, calls: ["record w_1@7", "open w_1@8", "delete w_0"], owner: "w1" },
     },
     {
       name: "a released epoch is resumed after the released offset; its consumer made again",
       shard: (s) => ({ ...s, owner: null, released_offset: 5 }),
       consumers: [["w_0", 4]],
-      want: { mode: "resume", epoch: 0, start: 6, calls: ["delete w_0", "open w_0@6"], owner: "w1" },
+      want: { mode: "resume", epoch: 0, start: 6, calls: ["delete w_0", "record w_0@5", "open w_0@6"], owner: "w1" },
     },
   ];
   for (const c of cases) {
@@ -392,6 +416,34 @@ test("shard runner - takeover: claim, bump or resume, as planTakeover says, and 
       await r.runner.stop("test over");
     });
   }
+});
+
+test("shard runner - a consumer lost with its NATS node: the next takeover starts from the epoch's floor record, at most a second behind", async () => {
+  const a = rig();
+  for (let i = 1; i <= 6; i++) a.log.append(`u${i}`, `m${i}`);
+  await a.runner.start();
+  assert.deepEqual(a.log.floors, new Map([[0, 0]]), "recorded at the takeover, before the consumer");
+  a.log.deliver(1, 2);
+  await until("offset 2 done", () => a.runner.offset === 2);
+  assert.equal(a.log.floors.get(0), 0, "not again within a second");
+  shared.advance(1000);
+  a.log.deliver(3);
+  await until("offset 3 recorded", () => a.log.floors.get(0) === 3);
+  a.log.deliver(4);
+  await until("offset 4 done", () => a.runner.offset === 4);
+  assert.equal(a.log.floors.get(0), 3, "offset 4 within the second: not recorded");
+  a.log.lose(0);
+  await until("the runner stopped with its consumer", () => a.runner.state.type === "stopped");
+
+  const b = rig({ registry: a.registry, log: a.log, worker: "w2" });
+  a.log.calls.length = 0;
+  await b.runner.start();
+  assert.deepEqual(b.runner.state, { type: "running", epoch: 1 }, "a bump: the lost consumer's worker is fenced");
+  assert.deepEqual(b.log.calls, ["record w_1@3", "open w_1@4"], "from the record, not from the boundary's start (offset 1)");
+  b.log.deliver(4, 5, 6);
+  await until("offset 6 done", () => b.runner.offset === 6);
+  assert.deepEqual(offsetsOf(b.pushes.sent), [4, 5, 6], "only what followed the record again");
+  await b.runner.stop("test over");
 });
 
 test("shard runner - takeover refused: the runner stops, nothing is consumed", async (t) => {
@@ -661,7 +713,7 @@ test("shard runner - a planned release records the last offset done, and the nex
       a.log.calls.length = 0;
       await b.runner.start();
       assert.deepEqual(b.runner.state, { type: "running", epoch: 0 }, "no epoch spent");
-      assert.deepEqual(b.log.calls, ["delete w_0", `open w_0@${c.released + 1}`], "the epoch's consumer made again after the released offset");
+      assert.deepEqual(b.log.calls, ["delete w_0", `record w_0@${c.released}`, `open w_0@${c.released + 1}`], "the epoch's consumer made again after the released offset");
       assert.equal(b.registry.shard().owner, "w2");
       assert.equal(b.runner.offset, c.released);
       assert.equal(await counter(b.metrics, "jetgate_worker_takeovers_total", { shard: "0", mode: "resume" }), 1);
