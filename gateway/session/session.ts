@@ -346,7 +346,9 @@ export class Session implements HubMember, DeadlineOwner {
   private enqueue(step: () => Promise<void>): void {
     this.pendingSteps++;
     this.chain = this.chain
-      .then(step)
+      // a closed session sends nothing more: the steps queued behind its close would only read
+      // (a gap fill per queued push, each from the stream: bench/RESULTS.md, "hot --cluster")
+      .then(() => (this.closed ? undefined : step()))
       .catch((err: unknown) => {
         if (this.closed) return;
         // A dependency that did not answer, or a live read of a shard whose stream is not there

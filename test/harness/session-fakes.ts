@@ -150,8 +150,11 @@ export class FakeMailbox implements MailboxSource {
 
   /** Errors the next fills throw (a NATS request that timed out, say). */
   readonly fillErrors: Error[] = [];
+  /** Fills asked for. */
+  fills = 0;
 
   async fill(shard: number, user: string, after: MailboxSeq, before: MailboxSeq): Promise<Entry[] | "too_many"> {
+    this.fills++;
     this.check(shard);
     const err = this.fillErrors.shift();
     if (err !== undefined) throw err;

@@ -320,7 +320,7 @@ test("session - a tail check with no head in Redis (the user's hash vanished) as
   assert.equal(t.liveSeqs().filter((x) => x === lost.entry.seq).length, 1);
 });
 
-test("session - a gap fill whose stream does not answer (the port's UnavailableError): UNAVAILABLE and 4503, never 4500", async () => {
+test("session - a gap fill whose stream does not answer (the port's UnavailableError): UNAVAILABLE and 4503, never 4500; what was queued behind it reads nothing", async () => {
   const r = rig();
   r.mailbox.append(0, U);
   const { t } = await auth(r);
@@ -328,7 +328,14 @@ test("session - a gap fill whose stream does not answer (the port's UnavailableE
   const next = r.mailbox.appendPush(0, U);
   r.mailbox.fillErrors.push(new UnavailableError("shard 0's stream did not answer (timeout); reconnect", 2000));
   r.push(next);
+  // queued behind the failing fill: each would be a gap of its own
+  const behind = [r.mailbox.appendPush(0, U), r.mailbox.appendPush(0, U)];
+  r.mailbox.appendPush(0, U); // lost too
+  behind.push(r.mailbox.appendPush(0, U));
+  for (const p of behind) r.push(p);
   await t.until(() => t.closed !== undefined, "the close");
+  await turns();
+  assert.equal(r.mailbox.fills, 1, "the steps queued behind the close read nothing");
   assert.equal(t.closed!.code, CloseCode.UNAVAILABLE);
   const err = t.of("ERROR").at(-1)!;
   assert.equal(err.code, ErrorCode.UNAVAILABLE);
