@@ -640,6 +640,21 @@ export function processingFloor(consumers: readonly { name: string; ack_floor: {
   return newest?.floor ?? 0;
 }
 
+/** How many epochs below the registry's a takeover looks for a floor record (older ones are long settled). */
+const FLOOR_RECORD_EPOCHS = 16;
+
+/**
+ * The epochs whose floor record a takeover asks for, newest first (the first found is the one):
+ * those from the registry's `epoch` down, above every listed consumer's epoch, at most
+ * FLOOR_RECORD_EPOCHS. None while a consumer of the registry's epoch is listed (the usual case).
+ */
+export function floorRecordEpochs(consumers: readonly string[], epoch: number): number[] {
+  const out: number[] = [];
+  const listed = newestConsumerEpoch(consumers);
+  for (let e = epoch; e > listed && e > epoch - FLOOR_RECORD_EPOCHS; e--) out.push(e);
+  return out;
+}
+
 /** The newest epoch of the worker consumers listed; -1 when there is none. */
 export function newestConsumerEpoch(names: readonly string[]): number {
   let newest = -1;

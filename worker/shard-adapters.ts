@@ -11,8 +11,8 @@ import {
   encodeFloorRecord,
   FLOORS_STREAM,
   floorSubject,
+  floorRecordEpochs,
   isWorkerConsumer,
-  newestConsumerEpoch,
   processingFloor,
   shardStream,
   workerConsumerName,
@@ -41,9 +41,6 @@ export interface WorkerDeps {
   clock: Clock;
 }
 
-/** How many epochs below the registry's a takeover looks for a floor record (older ones are long settled). */
-const FLOOR_RECORD_EPOCHS = 16;
-
 /**
  * The shard's processing floor and its worker consumers, as a takeover reads them: the one place
  * the floor is read, for a worker's takeover and for `jetgate shard takeover`. When no consumer of
@@ -57,9 +54,8 @@ export async function readAckFloor(jsm: JetStreamManager, shard: number, epoch: 
     if (isWorkerConsumer(c.name)) consumers.push(c);
   }
   const names = consumers.map((c) => c.name);
-  const listed = newestConsumerEpoch(names);
   let record: FloorRecord | undefined;
-  for (let e = epoch; e > listed && e > epoch - FLOOR_RECORD_EPOCHS && record === undefined; e--) record = await floorRecord(jsm, shard, e);
+  for (const e of floorRecordEpochs(names, epoch)) if ((record = await floorRecord(jsm, shard, e)) !== undefined) break;
   return { floor: processingFloor(consumers, record), consumers: names };
 }
 

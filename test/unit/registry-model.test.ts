@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import fc from "fast-check";
 import {
   initialShards, bigintsAsStrings, bumpEpoch, deriveSeq, applyRecord, decodeRecord, encodeRecord, evenRange, ShardMap, userHash,
-  EMPTY_REGISTRY, RegistryError, composeSeq, HASH_SPACE, MAX_EPOCH, decodeFloorRecord, encodeFloorRecord, newestConsumerEpoch, processingFloor, workerConsumerEpoch, workerConsumerName, type RegistryRecord, type ShardState,
+  EMPTY_REGISTRY, RegistryError, composeSeq, HASH_SPACE, MAX_EPOCH, decodeFloorRecord, encodeFloorRecord, floorRecordEpochs, newestConsumerEpoch, processingFloor, workerConsumerEpoch, workerConsumerName, type RegistryRecord, type ShardState,
 } from "../../protocol/index.js";
 
 const [s0] = initialShards(1, ["logA"]) as [ShardState];
@@ -317,6 +317,9 @@ test("processing floor: an epoch's floor record stands for its consumer only whe
   assert.equal(processingFloor([c("w_6", 12)], { epoch: 5, offset: 310 }), 12, "a newer epoch's consumer");
   assert.equal(newestConsumerEpoch(["rd_1", "w_3", "w_10", "w_9"]), 10);
   assert.equal(newestConsumerEpoch([]), -1);
+  assert.deepEqual(floorRecordEpochs(["w_5"], 5), [], "the registry's epoch's consumer is listed: no record read");
+  assert.deepEqual(floorRecordEpochs(["w_3"], 5), [5, 4], "newest first, down to the listed consumer's");
+  assert.equal(floorRecordEpochs([], 40).length, 16, "at most 16 epochs back");
   const bytes = encodeFloorRecord({ epoch: 7, offset: 2 ** 40 });
   assert.deepEqual(decodeFloorRecord(bytes), { epoch: 7, offset: 2 ** 40 });
   for (const bad of ['{"epoch":70000,"offset":1}', '{"epoch":1,"offset":-1}', '{"epoch":1}', '{"epoch":1,"offset":1,"x":1}', "not json"]) {

@@ -15,7 +15,7 @@ import {
   halfRange,
   initialShards,
   isWorkerConsumer,
-  newestConsumerEpoch,
+  floorRecordEpochs,
   processingFloor,
   registryRecord,
   seqKey,
@@ -185,11 +185,13 @@ class MemLog implements ShardLog {
   /** As readAckFloor: the record of an epoch newer than every consumer listed stands for its consumer. */
   async ackFloor(epoch: number): Promise<{ floor: number; consumers: string[] }> {
     const names = [...this.consumers.keys()].filter(isWorkerConsumer);
-    const listed = newestConsumerEpoch(names);
     let record: FloorRecord | undefined;
-    for (let e = epoch; e > listed && record === undefined; e--) {
+    for (const e of floorRecordEpochs(names, epoch)) {
       const offset = this.floors.get(e);
-      if (offset !== undefined) record = { epoch: e, offset };
+      if (offset !== undefined) {
+        record = { epoch: e, offset };
+        break;
+      }
     }
     return { floor: processingFloor(names.map((name) => ({ name, ack_floor: { stream_seq: this.consumers.get(name)!.floor } })), record), consumers: names };
   }
