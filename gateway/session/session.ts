@@ -86,7 +86,7 @@ export type SessionState =
 
 /** Bytes per MSGS frame during catch-up. */
 const FRAME_BYTES = 64 * 1024;
-/** Catch-up waits for the socket to drain above this many buffered bytes. */
+/** Catch-up waits for the socket to drain above this many buffered bytes (or less: see roomFor). */
 const PACE_BYTES = 256 * 1024;
 /** Live pushes kept while syncing; beyond it the session re-reads the mailbox instead. */
 const MAX_HELD_PUSHES = 10_000;
@@ -483,11 +483,26 @@ export class Session implements HubMember, DeadlineOwner {
       frame.push(enc);
       bytes += enc.byteLength;
       if (bytes < FRAME_BYTES && i < out.length - 1) continue;
-      this.sendBytes(encodeMsgsFrame(shard, frame), "MSGS");
+      const msgs = encodeMsgsFrame(shard, frame);
       frame = [];
       bytes = 0;
+      if (paced) await this.roomFor(msgs.byteLength);
       if (this.closed) return;
-      if (paced && this.t.buffered() > PACE_BYTES) await new Promise<void>((r) => (this.drainWaiter = r));
+      this.sendBytes(msgs, "MSGS");
+    }
+  }
+
+  /**
+   * Paced output waits for the socket to drain until `n` more bytes fit: under PACE_BYTES, and under
+   * the slow-consumer limit (JETGATE_MAX_BACKPRESSURE), so that a device that reads, however slowly,
+   * is never closed 4408 by its own catch-up (a frame is FRAME_BYTES and more; the limit may be as
+   * low as 64 KiB). An empty buffer takes any frame.
+   */
+  private async roomFor(n: number): Promise<void> {
+    const limit = this.p.config.JETGATE_MAX_BACKPRESSURE;
+    for (let b = this.t.buffered(); b > 0 && (b > PACE_BYTES || b + n > limit); b = this.t.buffered()) {
+      await new Promise<void>((r) => (this.drainWaiter = r));
+      if (this.closed) return;
     }
   }
 

@@ -62,6 +62,8 @@ export class FakeMailbox implements MailboxSource {
   readonly notReady = new Map<number, number>();
   /** Stream reads served, for tests that count them. */
   reads: { shard: number; after: MailboxSeq }[] = [];
+  /** Each entry's body size as read (1 byte unless a test needs frames of some size). */
+  bodyBytes = 1;
   private next = 0;
 
   constructor(private readonly registry: FakeRegistry) {}
@@ -105,7 +107,7 @@ export class FakeMailbox implements MailboxSource {
 
   private toEntry(shard: number, x: Stored, prev: MailboxSeq | null): Entry {
     const s = this.state(shard);
-    return { seq: deriveSeq(s, s.log, x.offset)!, id: x.id, lane: x.lane, prev, ts: 1_700_000_000_000, b: new Uint8Array([1]) };
+    return { seq: deriveSeq(s, s.log, x.offset)!, id: x.id, lane: x.lane, prev, ts: 1_700_000_000_000, b: new Uint8Array(this.bodyBytes).fill(1) };
   }
 
   userEntries(shard: number, user: string): Entry[] {

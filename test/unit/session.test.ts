@@ -399,6 +399,35 @@ test("session - a slow consumer is closed with 4408", async () => {
   assert.equal(t.closed!.code, CloseCode.SLOW_CONSUMER);
 });
 
+test("session - a catch-up is paced under a low slow-consumer limit: a device that reads slowly gets it all, never 4408", async () => {
+  const r = rig({ JETGATE_MAX_BACKPRESSURE: "65536" });
+  // 40 entries of 8 KiB: MSGS frames of 64 KiB and more, each above what the socket takes at once
+  r.mailbox.bodyBytes = 8 * 1024;
+  for (let i = 0; i < 40; i++) r.mailbox.append(0, U);
+  const { session, t } = r.connect();
+  // the kernel takes half of each frame, the rest waits in the socket's buffer until the device reads
+  const send = t.send.bind(t);
+  t.send = (bytes) => {
+    t.bufferedBytes += Math.ceil(bytes.byteLength / 2);
+    return send(bytes);
+  };
+  frame(session, { t: "AUTH", v: 1, token: U, device: "d1" });
+  let drains = 0;
+  for (let turn = 0; turn < 200 && !t.frames.some((f) => f.t === "SYNCED") && t.closed === undefined; turn++) {
+    await nextTurn();
+    if (t.bufferedBytes > 0) {
+      // the device reads what was buffered
+      t.bufferedBytes = 0;
+      drains++;
+      session.onDrain();
+    }
+  }
+  assert.equal(t.closed, undefined, "not closed by its own catch-up");
+  assert.equal(t.of("MSGS").flatMap((m) => m.e).length, 40, "every entry");
+  assert.equal(t.of("SYNCED").length, 1);
+  assert.ok(drains >= 4, `the catch-up waited for the socket (${drains} drains)`);
+});
+
 test("session - a registry ahead of the streams (a split's child not answering yet): retried, then CURSOR_REBASED, never 4500", async () => {
   const r = rig();
   r.mailbox.append(0, U);
