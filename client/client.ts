@@ -64,6 +64,8 @@ export class JetgateClient {
   private readonly position = new CursorPosition();
   private readonly loop: ApplyLoop;
   private readonly backoff: Backoff;
+  /** The app applied an entry since the last close (the cursor moved). */
+  private progressed = false;
   private readonly heartbeat: Heartbeat;
   private readonly acks: Acks;
   private readonly refresh: TokenRefresh;
@@ -102,7 +104,10 @@ export class JetgateClient {
       closed: () => this.stateValue.type === "closed",
       pull: (after) => this.pull(after),
       perform: (actions) => this.perform(actions),
-      advanced: () => this.acks.count(),
+      advanced: () => {
+        this.acks.count();
+        this.progressed = true;
+      },
     });
   }
 
@@ -227,6 +232,11 @@ export class JetgateClient {
 
   private onClose(code: number, reason: string): void {
     this.teardown();
+    // A session that applied entries starts the backoff over, as SYNCED does: a device too slow
+    // for its catch-up (closed 4408 before each SYNCED) comes back at the first step while it gets
+    // somewhere, not after a wait that doubles with every session that moved its cursor.
+    if (this.progressed) this.backoff.reset();
+    this.progressed = false;
     this.emit({ type: "closed", code, reason });
     if (this.stateValue.type === "closed") return;
     const next = afterClose(code, reason);

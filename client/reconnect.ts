@@ -33,11 +33,12 @@ export function afterClose(code: number, reason: string): AfterClose {
 }
 
 /**
- * Full-jitter exponential backoff between attempts, reset after each SYNCED; the `retry_ms` of a
+ * Full-jitter exponential backoff between attempts, reset after each SYNCED and after a session that
+ * applied entries (client.ts, onClose); the `retry_ms` of a
  * GOAWAY or an ERROR UNAVAILABLE (or a reconnect the backend asked for) replaces the next delay once.
  */
 export class Backoff {
-  /** Attempts since the last SYNCED: also picks the gateway of a URL list. */
+  /** Attempts since the last SYNCED or the last session that applied entries: also picks the gateway of a URL list. */
   attempt = 0;
   private override: number | undefined;
 
@@ -53,7 +54,7 @@ export class Backoff {
     return { attempt: this.attempt++, delayMs };
   }
 
-  /** Synced: the next failure starts from the first step. */
+  /** Synced, or a session applied entries: the next failure starts from the first step. */
   reset(): void {
     this.attempt = 0;
   }

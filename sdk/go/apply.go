@@ -307,6 +307,7 @@ func (c *Client) fillGap(s *session, e Entry) bool {
 // advance moves the cursor to seq (saved before anything else happens) and counts towards the
 // next ACK.
 func (c *Client) advance(s *session, seq uint64) {
+	s.progressed.Store(true)
 	c.mu.Lock()
 	acts := c.pos.applied(seq)
 	c.mu.Unlock()

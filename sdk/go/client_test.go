@@ -568,6 +568,62 @@ func TestReconnectNowAndBackoff(t *testing.T) {
 	}
 }
 
+// The slow_consumer scenario under load: the gateway closes each catch-up with 4408 before SYNCED,
+// each session applied a few entries. Attempts count since the last SYNCED or the last session that
+// applied an entry, so a device that gets somewhere in every session is not pushed up to the 30 s
+// cap (it was: attempt 7, 28.8 s, and the scenario's 60 s ran out); one that gets nowhere still
+// backs off.
+func TestProgressBeforeCloseStartsTheBackoffOver(t *testing.T) {
+	r := newRig(t, func(o *Options, _ *tuning) {
+		o.Backoff = Backoff{Base: 20 * time.Millisecond, Cap: 30 * time.Second}
+	})
+	waitings := func() []int {
+		out := []int{}
+		for _, e := range r.eventsOf(EventState) {
+			if e.State.Type == StateWaiting {
+				out = append(out, e.State.Attempt)
+			}
+		}
+		return out
+	}
+	gc := r.gw.next(t)
+	gc.read(t, "AUTH")
+	gc.send(t, authOK(0, gtok, 25_000), syncedAt(0))
+	r.waitState(StateLive)
+	// catch-ups cut off by 4408, each after an entry applied: every wait is the first step's
+	want := []string{}
+	for i := uint64(1); i <= 4; i++ {
+		id := fmt.Sprintf("e%d", i)
+		want = append(want, id)
+		prev := uint64(0)
+		if i > 1 {
+			prev = S(i-1, 1)
+		}
+		gc.send(t, msgs(0, ent(S(i, 1), id, seqp(prev))))
+		r.waitApplied(want...)
+		eventually(t, "the cursor at "+id, func() bool { return r.c.CursorSeq() == S(i, 1) })
+		gc.closeWith(CloseSlowConsumer, "slow consumer: resume by cursor")
+		gc = r.gw.next(t)
+		gc.read(t, "AUTH")
+		gc.send(t, authOK(S(i, 1), gtok, 25_000))
+		r.waitState(StateSyncing)
+	}
+	if got, wantA := waitings(), []int{0, 0, 0, 0}; !reflect.DeepEqual(got, wantA) {
+		t.Fatalf("attempts of the waits after sessions that applied entries: %v, want %v", got, wantA)
+	}
+	// sessions that apply nothing: the backoff grows again
+	for range 2 {
+		gc.closeWith(CloseSlowConsumer, "slow consumer: resume by cursor")
+		gc = r.gw.next(t)
+		gc.read(t, "AUTH")
+		gc.send(t, authOK(S(4, 1), gtok, 25_000))
+		r.waitState(StateSyncing)
+	}
+	if got, wantA := waitings(), []int{0, 0, 0, 0, 1, 2}; !reflect.DeepEqual(got, wantA) {
+		t.Fatalf("attempts of the waits: %v, want %v", got, wantA)
+	}
+}
+
 func TestSendDupAndResendAfterReconnect(t *testing.T) {
 	r := newRig(t, nil)
 	gc := r.gw.next(t)

@@ -36,9 +36,10 @@ func (b Backoff) Delay(attempt int, random float64) time.Duration {
 	return time.Duration(random * float64(b.Ceiling(attempt)))
 }
 
-// reconnector counts attempts since the last SYNCED (which also picks the gateway of a URL list)
-// and hands out the next delay; a GOAWAY's or an UNAVAILABLE's retry_ms, or a reconnect the
-// backend asked for, replaces the next delay once (client/reconnect.ts).
+// reconnector counts attempts since the last SYNCED or the last session that applied an entry
+// (which also picks the gateway of a URL list) and hands out the next delay; a GOAWAY's or an
+// UNAVAILABLE's retry_ms, or a reconnect the backend asked for, replaces the next delay once
+// (client/reconnect.ts).
 type reconnector struct {
 	backoff  Backoff
 	random   func() float64
@@ -58,7 +59,8 @@ func (r *reconnector) next() (attempt int, delay time.Duration) {
 	return attempt, delay
 }
 
-// reset: synced, the next failure starts from the first step.
+// reset: synced, or the session that ended applied entries; the next failure starts from the
+// first step.
 func (r *reconnector) reset() { r.attempt = 0 }
 
 // retryAfter: the server named when to come back.

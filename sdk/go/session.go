@@ -40,6 +40,11 @@ func (c *Client) run() {
 			}
 		}
 		c.mu.Lock()
+		if end.progressed {
+			// the session applied entries: a close after progress (a 4408 that cuts off each
+			// catch-up of a device too slow for it) starts the backoff over, as SYNCED does
+			c.reco.reset()
+		}
 		attempt, delay := c.reco.next()
 		c.stats.Reconnects++
 		c.mu.Unlock()
@@ -72,6 +77,8 @@ type sessionEnd struct {
 	byDevice bool
 	code     int
 	reason   string
+	// progressed: the app applied an entry of the session (the cursor moved).
+	progressed bool
 }
 
 func deviceClose(code int, reason string) sessionEnd {
@@ -213,6 +220,8 @@ type session struct {
 	lastHeard atomic.Int64
 	// authed (under c.mu): AUTH_OK came, requests may be written.
 	authed bool
+	// progressed: an entry of this session was applied (set before the cursor moves).
+	progressed atomic.Bool
 
 	mu      sync.Mutex
 	ended   bool
@@ -391,6 +400,7 @@ func (c *Client) runSession(conn *websocket.Conn, raw *rawConn, token string, de
 	end := l.run(frames, encodeAuth(token, c.opts.Device, cursor, c.opts.Lanes), deadline)
 	l.stopTimers()
 	c.endSession(s, end)
+	end.progressed = s.progressed.Load()
 	return end
 }
 

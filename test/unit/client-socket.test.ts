@@ -552,6 +552,31 @@ test("client socket - disconnect() closes with 4000 and reconnects; a frame that
   assert.equal(r.sockets.length, 3);
 });
 
+test("client socket - a session that applied entries starts the backoff over (4408 before SYNCED, each time a step further); one that applied nothing does not", async (t) => {
+  const r = await rig(t);
+  const slowSession = async (seq: number) => {
+    await r.answer(authOk(seq === 1 ? 0n : S(seq - 1)));
+    r.last().deliver(msgs(0, entry(S(seq), `e${seq}`)));
+    await settle();
+    r.last().serverClose(4408);
+  };
+  await slowSession(1);
+  assert.deepEqual(r.client.state, { type: "waiting", attempt: 0, delayMs: 125 }, "it applied an entry: the first step");
+  for (const seq of [2, 3, 4]) {
+    await r.tick(125);
+    await slowSession(seq);
+    assert.deepEqual(r.client.state, { type: "waiting", attempt: 0, delayMs: 125 }, `session ${seq} applied an entry too: the first step again`);
+  }
+  await r.tick(125);
+  await r.answer(authOk(S(4)));
+  r.last().serverClose(4408);
+  assert.deepEqual(r.client.state, { type: "waiting", attempt: 1, delayMs: 250 }, "nothing applied: the next step");
+  await r.tick(250);
+  await r.answer(authOk(S(4)));
+  r.last().serverClose(4408);
+  assert.deepEqual(r.client.state, { type: "waiting", attempt: 2, delayMs: 500 }, "and the one after");
+});
+
 test("client socket - token refresh: REFRESH with a fresh token after three quarters of its life; REFRESH_OK times the next", async (t) => {
   const clock = new ManualClock(1_700_000_000_000);
   const jwt = (expInS: number) => `h.${Buffer.from(JSON.stringify({ exp: Math.floor(clock.now() / 1000) + expInS })).toString("base64url")}.s`;
