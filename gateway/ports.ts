@@ -110,8 +110,8 @@ export interface HubMember {
   /** The shard its entries are numbered in, once a decision placed it; undefined before. */
   readonly shard: number | undefined;
   close(d: Disconnect): void;
-  /** Live pushes of this user, in order (those of one batch together). */
-  onPushes(pushes: readonly Push[]): void;
+  /** Live pushes of this user, in order (those of one batch together); `shared`: the same array goes to the user's other sessions here. */
+  onPushes(pushes: readonly Push[], shared?: boolean): void;
   onShardChange(): void;
   /** What the session accounted for, while it is live and idle (the tail check); else undefined. */
   tailPosition(): MailboxSeq | undefined;

@@ -145,3 +145,18 @@ export function encodeMsgsFrame(
     if (extra.more !== undefined) w.str("more").bool(extra.more);
   });
 }
+
+/**
+ * A live MSGS frame (no `id`, no `more`) of the `n` entries `entryAt` gives, written in one pass:
+ * the same bytes as encodeMsgsFrame over their encodeEntry, without an allocation per entry (a
+ * frame that only one connection sends).
+ */
+export function encodeLiveMsgsFrame(shard: number, n: number, entryAt: (i: number) => Entry): Uint8Array {
+  return encodeWith((w) => {
+    w.mapHeader(3);
+    w.str("t").str("MSGS");
+    w.str("shard").uint(shard);
+    w.str("e").arrayHeader(n);
+    for (let i = 0; i < n; i++) writeEntry(w, entryAt(i));
+  });
+}

@@ -19,7 +19,7 @@ export { assertId, ID_PATTERN, idListSchema, idProblem, idSchema, InvalidIdError
 export { ALL_PUSH_SUBJECTS, BROADCAST_PUSH_SUBJECT, CONTROL_SUBJECTS, entryMsgId, entrySubject, FLOORS_STREAM, FLOORS_SUBJECTS, floorSubject, frozenSubject, ingressMsgId, ingressSubject, InvalidShardError, kickSubject, OPS_STATS_SUBJECT, parseEntrySubject, REGISTRY_STREAM, REGISTRY_SUBJECT, routedPushSubject, shardStream, shardSubjects, userSubjects } from "./subjects.js";
 export { MsgpackDecodeError, MsgpackWriter, pack, unpackOne } from "./msgpack.js";
 export { CURSOR_SIG_BYTES, MAX_BODY_BYTES, MAX_TOKEN_LENGTH, type AckFrame, type AuthFrame, type ClientFrame, type CursorToken, type DeviceCursor, type Entry, type ErrorFrame, type PullFrame, type RefreshFrame, type SendFrame, type ServerFrame } from "./frames.js";
-export { decodeClientFrame, decodeServerFrame, encodeEntry, encodeFrame, encodeMsgsFrame, FrameError } from "./codec.js";
+export { decodeClientFrame, decodeServerFrame, encodeEntry, encodeFrame, encodeLiveMsgsFrame, encodeMsgsFrame, FrameError } from "./codec.js";
 export { SCOPE_ROUTES, SERVICE_SCOPES, serviceTokenHash, ServiceTokensError, ServiceTokenTable, SINGLE_TOKEN_NAME, type ServiceScope, type ServiceToken } from "./service-tokens.js";
 export { tokenStrengthProblem, ConfigError, DEV_JWT_SECRET, ENV_VARS, type Config, type ConfigRole } from "./config.js";
 export { countLabel, HASH_SPACE, rangeLabel, userHash } from "./hash.js";

@@ -260,7 +260,9 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
    */
   private deliver(user: string, pushes: readonly Push[]): void {
     const t0 = this.clock.monotonic();
-    for (const s of this.users.get(user)?.sessions ?? []) s.onPushes(pushes);
+    const sessions = this.users.get(user)?.sessions ?? [];
+    const shared = sessions.length > 1;
+    for (const s of sessions) s.onPushes(pushes, shared);
     this.metrics.stages.observe("gateway_chain", (this.clock.monotonic() - t0) / 1000, pushes.length);
   }
 

@@ -54,6 +54,23 @@ export class Delivery {
     return out;
   }
 
+  /**
+   * Whether `select` would send every one of `pushes`' entries (increasing seq); if so they are
+   * taken as sent, as `select` takes them, and nothing is allocated. False changes nothing.
+   */
+  takeAll(pushes: readonly Push[]): boolean {
+    let last = this.lastSent;
+    for (const p of pushes) {
+      const e = p.entry;
+      if (e.seq <= last || (this.lanes !== undefined && !this.lanes.has(e.lane))) return false;
+      last = e.seq;
+    }
+    if (last > this.lastKnown) this.lastKnown = last;
+    this.lastSent = last;
+    if (last > this.bound) this.bound = last;
+    return true;
+  }
+
   /** Whether this session's device asked for entries of `lane` (AUTH `lanes`; all when absent). */
   wants(lane: string): boolean {
     return this.lanes === undefined || this.lanes.has(lane);

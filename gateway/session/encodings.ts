@@ -1,9 +1,11 @@
 /**
  * Bytes a session sends that other sessions send too, encoded once: an entry shared by every
  * session it fans out to (the hub hands them the same Entry object), and a live MSGS frame of one
- * user's pushes for all of that user's sessions that send every one of them.
+ * user's pushes for all of that user's sessions that send every one of them. A user with one
+ * session here gets its frame written in one pass (liveFrame), with no cache to keep: the caches
+ * are WeakMaps, whose entries the garbage collector pays for on every young collection.
  */
-import { encodeEntry, encodeMsgsFrame, type Entry, type Push } from "../../protocol/index.js";
+import { encodeEntry, encodeLiveMsgsFrame, type Entry, type Push } from "../../protocol/index.js";
 
 const encodings = new WeakMap<Entry, Uint8Array>();
 
@@ -13,10 +15,16 @@ export function encodedOnce(e: Entry): Uint8Array {
   return b;
 }
 
+/** The MSGS frame of every one of `pushes`, for one session. */
+export function liveFrame(pushes: readonly Push[], shard: number): Uint8Array {
+  return encodeLiveMsgsFrame(shard, pushes.length, (i) => pushes[i]!.entry);
+}
+
 const liveFrames = new WeakMap<readonly Push[], Uint8Array>();
 
+/** The same, encoded once for every session of the user that sends them all. */
 export function sharedFrame(pushes: readonly Push[], shard: number): Uint8Array {
   let b = liveFrames.get(pushes);
-  if (b === undefined) liveFrames.set(pushes, (b = encodeMsgsFrame(shard, pushes.map((p) => encodedOnce(p.entry)))));
+  if (b === undefined) liveFrames.set(pushes, (b = liveFrame(pushes, shard)));
   return b;
 }

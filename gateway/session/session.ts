@@ -62,7 +62,7 @@ import { planAnswer, type AnswerFor } from "./answer.js";
 import { SessionClock, type Deadline, type DeadlineOwner } from "./clock.js";
 import { CoarseTimers } from "./coarse-timers.js";
 import { Delivery } from "./delivery.js";
-import { encodedOnce, sharedFrame } from "./encodings.js";
+import { encodedOnce, liveFrame, sharedFrame } from "./encodings.js";
 
 export type { Transport, Who } from "../ports.js";
 
@@ -522,7 +522,7 @@ export class Session implements HubMember, DeadlineOwner {
    * The common case (live, nothing on the chain, each push following the one before) goes out at
    * once as one MSGS frame, with no promise; a gap or a busy chain goes through the chain.
    */
-  onPushes(pushes: readonly Push[]): void {
+  onPushes(pushes: readonly Push[], shared = false): void {
     const s = this.state;
     if (s.type !== "live" && s.type !== "syncing") return;
     const { shard, epoch } = s.where;
@@ -535,7 +535,7 @@ export class Session implements HubMember, DeadlineOwner {
         known = p.entry.seq;
         i++;
       }
-      if (i > 0) this.emitLive(i === pushes.length ? pushes : pushes.slice(0, i), shard);
+      if (i > 0) this.emitLive(i === pushes.length ? pushes : pushes.slice(0, i), shard, shared && i === pushes.length);
     }
     for (; i < pushes.length; i++) {
       const push = pushes[i]!;
@@ -551,13 +551,19 @@ export class Session implements HubMember, DeadlineOwner {
     }
   }
 
-  /** The next pushes of a live, idle session: one MSGS frame, the same bytes for every session of the user that sends them all. */
-  private emitLive(pushes: readonly Push[], shard: number): void {
-    const entries = pushes.length === 1 ? [pushes[0]!.entry] : pushes.map((p) => p.entry);
-    const out = this.select(entries);
-    if (out.length === 0) return;
-    const bytes = out.length === entries.length ? sharedFrame(pushes, shard) : encodeMsgsFrame(shard, out.map(encodedOnce));
-    this.sendBytes(bytes, "MSGS");
+  /**
+   * The next pushes of a live, idle session: one MSGS frame, the same bytes for every session of
+   * the user that sends them all (`shared`: the user has other sessions here, given the same array).
+   */
+  private emitLive(pushes: readonly Push[], shard: number, shared: boolean): void {
+    if (this.delivery.takeAll(pushes)) {
+      this.p.metrics.entriesSent.inc(pushes.length);
+      this.sendBytes(shared ? sharedFrame(pushes, shard) : liveFrame(pushes, shard), "MSGS");
+      return;
+    }
+    // some are not for this device (its lanes) or refused: what is left, from entries encoded once
+    const out = this.select(pushes.map((p) => p.entry));
+    if (out.length > 0) this.sendBytes(encodeMsgsFrame(shard, out.map(encodedOnce)), "MSGS");
   }
 
   /** A push through the chain; `at`: when it was received, for the gateway_chain stage. */

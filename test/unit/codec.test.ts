@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  encodeFrame, decodeClientFrame, decodeServerFrame, encodeEntry, encodeMsgsFrame, FrameError, pack,
+  encodeFrame, decodeClientFrame, decodeServerFrame, encodeEntry, encodeLiveMsgsFrame, encodeMsgsFrame, FrameError, pack,
   composeSeq, MAX_BODY_BYTES, MAX_TOKEN_LENGTH, MsgpackWriter, ErrorCode,
   type ClientFrame, type ServerFrame, type Entry,
 } from "../../protocol/index.js";
@@ -59,6 +59,14 @@ test("codec - a MSGS frame spliced from pre-encoded entries equals the plain enc
   assert.deepEqual(Buffer.from(spliced), Buffer.from(encodeFrame({ t: "MSGS", shard: 3, e: [entry, e2], id: 2, more: true })));
   const decoded = decodeServerFrame(spliced);
   assert.equal(decoded.t === "MSGS" && decoded.e[0]!.seq, big);
+});
+
+test("codec - a live MSGS frame written in one pass equals the spliced and the plain encodings", () => {
+  const e2 = { ...entry, seq: big + 1n, prev: big };
+  const entries = [entry, e2];
+  const live = encodeLiveMsgsFrame(3, entries.length, (i) => entries[i]!);
+  assert.deepEqual(Buffer.from(live), Buffer.from(encodeMsgsFrame(3, entries.map(encodeEntry))));
+  assert.deepEqual(Buffer.from(live), Buffer.from(encodeFrame({ t: "MSGS", shard: 3, e: entries })));
 });
 
 /** Raw map bytes, so a case can carry values the typed encoder would not produce. */

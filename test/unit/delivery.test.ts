@@ -25,6 +25,21 @@ test("delivery - lanes: entries of other lanes are accounted for, not sent", () 
   assert.deepEqual([d.wants("a"), d.wants("b"), d.allLanes], [true, false, false]);
 });
 
+test("delivery - takeAll: all of a batch taken as select would send them; else nothing changes and select decides", () => {
+  const d = new Delivery(undefined, 10);
+  d.moveTo(S(3));
+  assert.equal(d.takeAll([push(4, 3), push(5, 4)]), true);
+  assert.deepEqual([d.lastSent, d.lastKnown, d.regressions], [S(5), S(5), 0]);
+  // one at or below the last sent: not all, and nothing taken
+  assert.equal(d.takeAll([push(5, 4), push(6, 5)]), false);
+  assert.deepEqual([d.lastSent, d.lastKnown, d.regressions], [S(5), S(5), 0]);
+  const lanes = new Delivery(new Set(["a"]), 10);
+  const other = { ...push(4, 3), entry: entry(4, "b") };
+  assert.equal(lanes.takeAll([push(2, 1)]), true);
+  assert.equal(lanes.takeAll([push(3, 2), other]), false, "an entry of a lane the device did not ask for");
+  assert.deepEqual([lanes.lastSent, lanes.lastKnown], [S(2), S(2)]);
+});
+
 test("delivery - a push is next, a duplicate, or after a gap (table)", () => {
   const table: [number, number | null, string][] = [
     [6, 5, "next"], // follows what was accounted for

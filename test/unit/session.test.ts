@@ -527,8 +527,8 @@ test("session - sessions of one user that send a whole batch send the same bytes
   one.t.send = (b) => (sent[0]!.push(b), orig[0]!(b));
   two.t.send = (b) => (sent[1]!.push(b), orig[1]!(b));
   const batch = [r.mailbox.appendPush(0, U), r.mailbox.appendPush(0, U)];
-  one.s.onPushes(batch);
-  two.session.onPushes(batch);
+  one.s.onPushes(batch, true);
+  two.session.onPushes(batch, true);
   assert.equal(sent[0]!.length, 1);
   assert.equal(sent[0]![0], sent[1]![0], "the very same bytes");
 });
