@@ -88,6 +88,9 @@ export type SessionState =
 const FRAME_BYTES = 64 * 1024;
 /** Catch-up waits for the socket to drain above this many buffered bytes (or less: see roomFor). */
 const PACE_BYTES = 256 * 1024;
+/** A paced wait looks at the socket again after this long without a drain, doubling up to the max. */
+const PACE_RECHECK_MS = 10;
+const PACE_RECHECK_MAX_MS = 1000;
 /** Live pushes kept while syncing; beyond it the session re-reads the mailbox instead. */
 const MAX_HELD_PUSHES = 10_000;
 /** ACKs are written at most once per this many ms per session (and on close): they are frequent, Redis is shared. */
@@ -500,10 +503,31 @@ export class Session implements HubMember, DeadlineOwner {
    */
   private async roomFor(n: number): Promise<void> {
     const limit = this.p.config.JETGATE_MAX_BACKPRESSURE;
+    let recheckMs = PACE_RECHECK_MS;
     for (let b = this.t.buffered(); b > 0 && (b > PACE_BYTES || b + n > limit); b = this.t.buffered()) {
-      await new Promise<void>((r) => (this.drainWaiter = r));
+      await this.drainOr(recheckMs);
       if (this.closed) return;
+      recheckMs = Math.min(recheckMs * 2, PACE_RECHECK_MAX_MS);
     }
+  }
+
+  /**
+   * The socket's next drain, or `ms`, whichever comes first. The timer is what makes a wait end for
+   * sure: uWebSockets does not always call `drain` (backpressure that another send flushes first,
+   * while uncorking, drains without the event: uNetworking/uWebSockets#1047), and a catch-up that
+   * waited on the event alone stood still for good (the TypeScript SDK's slow_consumer scenario, once
+   * the wait began below the 4408 limit).
+   */
+  private drainOr(ms: number): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const done = () => {
+        this.timers.clearTimeout(timer);
+        if (this.drainWaiter === done) this.drainWaiter = undefined;
+        resolve();
+      };
+      const timer = this.timers.setTimeout(done, ms);
+      this.drainWaiter = done;
+    });
   }
 
   /** What `Delivery` lets out of `entries`, counted. */

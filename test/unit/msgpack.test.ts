@@ -89,3 +89,16 @@ test("msgpack - short ASCII and non-ASCII strings both encode to valid UTF-8 msg
   }
   assert.equal(hex(pack("abc")), "a3616263");
 });
+
+test("msgpack - small encodes share a slab without sharing bytes; a large one has its own buffer", () => {
+  // enough small encodes to fill several slabs: each keeps its own bytes whatever comes after it
+  const outs = Array.from({ length: 500 }, (_, i) => ({ i, b: pack({ i, s: "x".repeat(i % 97) }) }));
+  for (const { i, b } of outs) assert.deepEqual(unpackOne(b), { i, s: "x".repeat(i % 97) }, `encode ${i}`);
+  const [a, b] = [pack("first"), pack("second")];
+  assert.equal(a.buffer, b.buffer, "two small encodes in a row: one slab");
+  assert.ok(a.byteOffset + a.byteLength <= b.byteOffset || b.byteOffset + b.byteLength <= a.byteOffset, "no overlap");
+  b.fill(0);
+  assert.equal(unpackOne(a), "first", "writing into one leaves the other as it was");
+  const large = pack(new Uint8Array(4096).fill(7));
+  assert.deepEqual([large.byteOffset, large.buffer.byteLength], [0, large.byteLength], "over 1 KiB: a buffer of its own");
+});
