@@ -399,19 +399,26 @@ test("session - a slow consumer is closed with 4408", async () => {
   assert.equal(t.closed!.code, CloseCode.SLOW_CONSUMER);
 });
 
-test("session - a catch-up is paced under a low slow-consumer limit: a device that reads slowly gets it all, never 4408", async () => {
-  const r = rig({ JETGATE_MAX_BACKPRESSURE: "65536" });
-  // 40 entries of 8 KiB: MSGS frames of 64 KiB and more, each above what the socket takes at once
+/**
+ * 40 entries of 8 KiB (MSGS frames of 64 KiB and more) for a device under a 64 KiB slow-consumer
+ * limit whose socket takes half of each frame at once, the rest buffered until the device reads; AUTH sent.
+ */
+function slowReaderCatchUp(timers?: ManualTimers): { session: Session; t: RecordingTransport; r: SessionRig } {
+  const r = rig({ JETGATE_MAX_BACKPRESSURE: "65536" }, timers);
   r.mailbox.bodyBytes = 8 * 1024;
   for (let i = 0; i < 40; i++) r.mailbox.append(0, U);
   const { session, t } = r.connect();
-  // the kernel takes half of each frame, the rest waits in the socket's buffer until the device reads
   const send = t.send.bind(t);
   t.send = (bytes) => {
     t.bufferedBytes += Math.ceil(bytes.byteLength / 2);
     return send(bytes);
   };
   frame(session, { t: "AUTH", v: 1, token: U, device: "d1" });
+  return { session, t, r };
+}
+
+test("session - a catch-up is paced under a low slow-consumer limit: a device that reads slowly gets it all, never 4408", async () => {
+  const { session, t } = slowReaderCatchUp();
   let drains = 0;
   for (let turn = 0; turn < 200 && !t.frames.some((f) => f.t === "SYNCED") && t.closed === undefined; turn++) {
     await nextTurn();
@@ -429,17 +436,7 @@ test("session - a catch-up is paced under a low slow-consumer limit: a device th
 });
 
 test("session - a paced catch-up does not wait on a drain event alone: bytes that leave without one, it sees on its next look", async () => {
-  const timers = new ManualTimers();
-  const r = rig({ JETGATE_MAX_BACKPRESSURE: "65536" }, timers);
-  r.mailbox.bodyBytes = 8 * 1024;
-  for (let i = 0; i < 40; i++) r.mailbox.append(0, U);
-  const { session, t } = r.connect();
-  const send = t.send.bind(t);
-  t.send = (bytes) => {
-    t.bufferedBytes += Math.ceil(bytes.byteLength / 2);
-    return send(bytes);
-  };
-  frame(session, { t: "AUTH", v: 1, token: U, device: "d1" });
+  const { t, r } = slowReaderCatchUp(new ManualTimers());
   // the buffer empties with no drain event (as bytes a send had not yet written out do)
   await stepUntil(r, () => {
     t.bufferedBytes = 0;
