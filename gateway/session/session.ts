@@ -35,6 +35,7 @@ import {
   FrameError,
   decodeClientFrame,
   encodeEntry,
+  encodeLiveMsgsFrame,
   encodeMsgsFrame,
   seqEpoch,
   withReason,
@@ -585,9 +586,9 @@ export class Session implements HubMember, DeadlineOwner {
       this.sendBytes(shared ? sharedFrame(pushes, shard) : liveFrame(pushes, shard), "MSGS");
       return;
     }
-    // some are not for this device (its lanes) or refused: what is left, from entries encoded once
+    // some are not for this device (its lanes) or refused: what is left, in one pass as well
     const out = this.select(pushes.map((p) => p.entry));
-    if (out.length > 0) this.sendBytes(encodeMsgsFrame(shard, out.map(encodedOnce)), "MSGS");
+    if (out.length > 0) this.sendBytes(encodeLiveMsgsFrame(shard, out.length, (i) => out[i]!), "MSGS");
   }
 
   /** A push through the chain; `at`: when it was received, for the gateway_chain stage. */
