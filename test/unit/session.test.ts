@@ -533,6 +533,19 @@ test("session - a batch of pushes that follow each other goes out as one MSGS fr
   assert.equal(await regressions(r), 0);
 });
 
+test("session - a live batch sent in part (the device's lanes): one frame of the rest, the others accounted for", async () => {
+  const r = rig();
+  r.mailbox.append(0, U);
+  const { s, t } = await auth(r, undefined, { lanes: ["default"] });
+  await turnsUntil(() => s.tailPosition() !== undefined);
+  const msgsBefore = t.of("MSGS").length;
+  const batch = [r.mailbox.appendPush(0, U), r.mailbox.appendPush(0, U, "other"), r.mailbox.appendPush(0, U)];
+  s.onPushes(batch);
+  assert.equal(t.of("MSGS").length, msgsBefore + 1, "one frame");
+  assert.deepEqual(t.of("MSGS").at(-1)!.e.map((e) => e.seq), [batch[0]!.entry.seq, batch[2]!.entry.seq]);
+  assert.equal(s.tailPosition(), batch[2]!.entry.seq, "the other lane's entry is accounted for");
+});
+
 test("session - sessions of one user that send a whole batch send the same bytes (encoded once)", async () => {
   const r = rig();
   r.mailbox.append(0, U);
