@@ -136,14 +136,16 @@ function cpuSeconds(pid: number): number {
  * (the N processes of a role together), each one's share of a core and its CPU microseconds per
  * delivered entry (`us_per_entry`, with `total`: the system's processes together, devices
  * excluded); with more than one node, each process's share and CPU per entry too (`cpu_procs`,
- * `us_per_process`).
+ * `us_per_process`). `until` (epoch ms, the last delivery) ends the window the shares are of: the
+ * wait for the devices to go quiet after it (a second or more of idle) is not the system at work.
  */
 function cpuShares(pids: Record<string, number[]>) {
-  const t0 = performance.now();
+  const t0 = performance.timeOrigin + performance.now();
   const all = Object.entries(pids).flatMap(([role, ps]) => ps.map((pid, k) => ({ name: ps.length > 1 ? `${role}#${k + 1}` : role, role, pid })));
   const c0 = all.map((p) => cpuSeconds(p.pid));
-  return (delivered: number) => {
-    const secs = (performance.now() - t0) / 1000;
+  return (delivered: number, until?: number) => {
+    const now = performance.timeOrigin + performance.now();
+    const secs = ((until !== undefined && until > t0 && until < now ? until : now) - t0) / 1000;
     const used = all.map((p, i) => ({ ...p, cpu: cpuSeconds(p.pid) - c0[i]! }));
     const byRole = new Map<string, number>();
     for (const u of used) byRole.set(u.role, (byRole.get(u.role) ?? 0) + u.cpu);
@@ -497,7 +499,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
   const sent = await sys.sendFor(seconds, users);
   const max = await settled(gens);
   const cpu = m.stop();
-  const cpuMax = shares(max.received);
+  const cpuMax = shares(max.received, max.last);
   const natsAfter = await natsMessages(sys);
   // every message in and out (publishes, acks, deliveries, pull requests, consumer acks)
   const natsPerEntry = natsBefore !== undefined && natsAfter !== undefined ? Number(((natsAfter - natsBefore) / max.received).toFixed(2)) : undefined;
