@@ -536,7 +536,7 @@ async function fanout(sys: System, gens: Generators): Promise<Row> {
       entries_per_batch: per(d("processed"), d("batches")), entries_per_push_msg: per(d("pushed"), d("pushMessages")), entries_per_msgs_frame: per(d("entriesSent"), d("msgsFrames")),
       // pushes the gateways received per entry pushed: 1 when each gets only its own sessions' users' entries (--nodes N)
       gateway_received_per_pushed: per(d("gatewayPushes"), d("pushed")),
-      gateway_closes: d("closes"), gateway_closes_by_code: closesByCode(countersBefore, countersAfter), slow_consumer_closes: d("slowConsumerCloses"), gap_fills: d("gapFills"),
+      gateway_closes: d("closes"), gateway_closes_by_code: closesByCode(countersBefore, countersAfter), slow_consumer_closes: d("slowConsumerCloses"), gap_fills: d("gapFills"), tail_fills: d("tailFills"),
       worker_push_p50_ms: pushQuantile(0.5, "wpush"), worker_push_p99_ms: pushQuantile(0.99, "wpush"), push_p50_ms: pushQuantile(0.5), push_p99_ms: pushQuantile(0.99),
     } : {}),
     // the flags jetgate's gateways ran with: the shipped ones (gateway/node-flags.ts), then BENCH_GATEWAY_NODE_ARGS

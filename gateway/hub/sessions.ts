@@ -284,26 +284,36 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
    * per second, not a Redis command, promise and closure per session: on an idle gateway those kept
    * V8 from ever seeing an idle heap to shrink.
    *
-   * A session behind the head it read is filled only if it is still behind that head a tick later:
-   * under a steady stream the head is nearly always ahead of what is in flight to the gateway, and
-   * reading at once made every session of a busy user read its mailbox every tick (the hot
-   * benchmark: 50 devices a user, a stream read per device per second, the gateway saturated).
-   * A push is late by milliseconds; one that is lost is found a second later than before.
+   * A session behind the head it read is filled only once a whole tick passes with nothing
+   * delivered to it while still behind that head. Under a steady stream the head is nearly always
+   * ahead of what is in flight to the gateway: reading at once made every session of a busy user
+   * read its mailbox every tick (the hot benchmark: 50 devices a user, a stream read per device per
+   * second, the gateway saturated). A backlogged path is late by seconds, not milliseconds: at the
+   * max of `hot --cluster` the pushes reached the gateway more than a tick after the head was read,
+   * so "still behind a tick later" sent all 50 sessions of a user to Redis at once, for hundreds
+   * of entries each; the reads timed out and closed them 4503, and their reconnects fed the next
+   * herd (bench/RESULTS.md, "Issue 50, fourth session"). A session that moved towards the head is
+   * looked at again next tick instead. A lost push with later entries shows as a gap in the next
+   * one's `prevAll` (a gap fill); one lost at the tail stops the session's progress, and is read a
+   * tick after that.
    */
   startTailChecks(everyS: number, heads: (users: readonly string[]) => Promise<(UserHead | undefined)[]>): void {
     if (everyS <= 0) return;
     let tick = 0;
     let running = false;
-    /** Sessions found behind last tick, and the head they were behind. */
-    let behind = new Map<HubMember, MailboxSeq>();
+    /** Sessions found behind: the head they were behind, and where they were at the last look. */
+    let behind = new Map<HubMember, { head: MailboxSeq; at: MailboxSeq }>();
     this.tailTimer = this.clock.setInterval(() => {
       if (running) return; // a slow Redis must not stack checks up
       tick++;
-      for (const [s, head] of behind) {
+      const moving = new Map<HubMember, { head: MailboxSeq; at: MailboxSeq }>();
+      for (const [s, b] of behind) {
         const at = s.tailPosition();
-        if (at !== undefined && head > at) s.fillTail(head);
+        if (at === undefined || at >= b.head) continue; // busy, gone, or caught up
+        if (at > b.at) moving.set(s, { head: b.head, at }); // its pushes are arriving: look again next tick
+        else s.fillTail(b.head); // a tick with nothing delivered: what it lacks was lost
       }
-      behind = new Map();
+      behind = moving;
       const users = new Set<string>();
       let i = 0;
       for (const s of this.all) if (i++ % everyS === tick % everyS && s.tailPosition() !== undefined && s.who !== undefined) users.add(s.who.user);
@@ -322,7 +332,7 @@ export class SessionRegistry<S extends HubMember = HubMember> implements Session
               const at = s.tailPosition();
               // no head in Redis (the user's hash vanished) is "unknown": the session asks the stream
               if (at !== undefined && head === undefined) s.fillTail(undefined);
-              else if (at !== undefined && head !== undefined && head > at) behind.set(s, head);
+              else if (at !== undefined && head !== undefined && head > at) behind.set(s, { head, at });
             }
           }
         })

@@ -82,6 +82,36 @@ test("hub clock - the tail check runs each second of the clock: a session still 
   assert.equal(clock.pending, 0);
 });
 
+test("hub clock - a session still behind a tick later but moving towards the head is looked at again, not filled: only a tick with nothing delivered fills it", async () => {
+  const { clock, hub, join } = hubRig();
+  const late = member("late", 5n);
+  join(late);
+  let reads = 0;
+  hub.startTailChecks(30, async (users) => {
+    reads++;
+    return users.map((): UserHead => ({ head: 20n, routes: ["gw-here"] }));
+  });
+  clock.advance(30_000); // the user's turn in the 30 s period
+  await settle();
+  assert.equal(reads, 1, "the user's check: head 20, the session at 5");
+  // a backlogged path: the pushes up to the head arrive over seconds, not within the tick
+  for (const at of [8n, 12n, 15n]) {
+    late.s.at = at;
+    clock.advance(1000);
+    await settle();
+    assert.deepEqual(late.s.filled, [], `at ${at}: delivered to during the tick, so in flight, not lost`);
+  }
+  // the rest never comes (lost at the tail): a tick with nothing delivered
+  clock.advance(1000);
+  await settle();
+  assert.deepEqual(late.s.filled, [20n], "no progress for a tick while behind: filled up to the head it read");
+  assert.equal(reads, 1, "no other head read meanwhile (one check per user per 30 s)");
+  clock.advance(1000);
+  await settle();
+  assert.deepEqual(late.s.filled, [20n], "filled once");
+  hub.close();
+});
+
 test("hub clock - tail checks are spread over `everyS` seconds, and a slow read is not stacked", async () => {
   const { clock, hub, join } = hubRig();
   for (const u of ["a", "b", "c"]) join(member(u, 5n));
