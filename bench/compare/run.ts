@@ -440,10 +440,18 @@ interface Probe {
   /** Sessions that read their mailbox for a gap in their pushes, or behind their user's head (the tail check). */
   gap_fills?: number;
   tail_fills?: number;
+  /** Entries per MSGS frame the gateways wrote over the probe: what each frame costs a device is paid once per frame. */
+  entries_per_msgs_frame?: number | undefined;
 }
 
-const fills = (before: Record<string, number> | undefined, after: Record<string, number> | undefined) =>
-  before === undefined || after === undefined ? {} : { gap_fills: after.gapFills! - before.gapFills!, tail_fills: after.tailFills! - before.tailFills! };
+const fills = (before: Record<string, number> | undefined, after: Record<string, number> | undefined) => {
+  if (before === undefined || after === undefined) return {};
+  const frames = after.msgsFrames! - before.msgsFrames!;
+  return {
+    gap_fills: after.gapFills! - before.gapFills!, tail_fills: after.tailFills! - before.tailFills!,
+    entries_per_msgs_frame: frames > 0 ? Number(((after.entriesSent! - before.entriesSent!) / frames).toFixed(2)) : undefined,
+  };
+};
 
 /**
  * The highest rate (deliveries/s) the system sustains: paced runs of `seconds`, the first at 90%
