@@ -16,15 +16,18 @@
  *                                             connected, or the deadline passed: `failed` of them gave up, `refused`
  *                                             attempts were answered 503 (at capacity); devices: each one's device id,
  *                                             "bench" when absent)
- *   {"cmd":"report"}                          -> {"received","first","last","hist","duplicates","stall_ms"} since the last report
- *                                             (stall_ms: the generator's longest event-loop delay: its own wait, in every latency)
+ *   {"cmd":"report"}                          -> {"received","first","last","hist","duplicates","stall_ms","gc_ms","gc_max_ms","heap_mb","cpu_wait_ms"} since the last report
+ *                                             (stall_ms: the generator's longest event-loop delay: its own wait, in every latency;
+ *                                             gc_ms, gc_max_ms: its GC's time and longest pause; heap_mb: its heap now;
+ *                                             cpu_wait_ms: how long it waited for a CPU, runnable)
  *   {"cmd":"wait","expect":K,"deadlineMs":D}  -> {"waited_ms","timed_out"}  (each device has K entries)
  *   {"cmd":"drop"}                            -> {"dropped":N}        (sockets closed as by a network loss)
  *   {"cmd":"reconnect","expect":K,"deadlineMs":D} -> {"synced_ms","complete_ms","synced","completed","received","timed_out"}
  *   {"cmd":"exit"}
  */
+import { readFileSync } from "node:fs";
 import { createInterface } from "node:readline";
-import { monitorEventLoopDelay } from "node:perf_hooks";
+import { monitorEventLoopDelay, PerformanceObserver } from "node:perf_hooks";
 import WebSocket from "ws";
 import { SignJWT } from "jose";
 import { io as ioClient, type Socket } from "socket.io-client";
@@ -54,6 +57,28 @@ let giveUp = false;
 let hist: Histogram = {};
 const loopDelay = monitorEventLoopDelay({ resolution: 10 });
 loopDelay.enable();
+// the generator's own GC: a long pause of it is in every latency it measures, like any stall
+let gcMaxMs = 0;
+let gcMs = 0;
+new PerformanceObserver((list) => {
+  for (const e of list.getEntries()) {
+    gcMs += e.duration;
+    if (e.duration > gcMaxMs) gcMaxMs = e.duration;
+  }
+}).observe({ entryTypes: ["gc"] });
+/**
+ * How long the generator's main thread has waited for a CPU while it could run (Linux's
+ * /proc/self/schedstat, ms; undefined elsewhere): a generator that waits for the cores while the
+ * system's processes hold them delays every delivery it reads, and is not itself the bound.
+ */
+function runQueueWaitMs(): number | undefined {
+  try {
+    return Number(readFileSync("/proc/self/schedstat", "utf8").split(" ")[1]) / 1e6;
+  } catch {
+    return undefined;
+  }
+}
+let waitAt = runQueueWaitMs();
 let received = 0;
 let duplicates = 0;
 /** Connections that closed before SYNCED and were tried again. */
@@ -288,8 +313,12 @@ for await (const line of lines) {
     const failed = await connectAll(cmd.users!, cmd.urls!, cmd.devices, cmd.deadlineMs ?? 600_000);
     send({ ready: devices.length - failed, ms: Math.round(now() - t0), retries, failed, refused });
   } else if (cmd.cmd === "report") {
-    send({ received, first, last, hist, duplicates, stall_ms: Math.round(loopDelay.max / 1e6) });
+    const waited = runQueueWaitMs();
+    const cpu_wait_ms = waited !== undefined && waitAt !== undefined ? Math.round(waited - waitAt) : undefined;
+    waitAt = waited;
+    send({ received, first, last, hist, duplicates, stall_ms: Math.round(loopDelay.max / 1e6), gc_ms: Math.round(gcMs), gc_max_ms: Math.round(gcMaxMs), heap_mb: Math.round(process.memoryUsage().heapUsed / 2 ** 20), cpu_wait_ms });
     loopDelay.reset();
+    gcMs = gcMaxMs = 0;
     hist = {};
     received = duplicates = 0;
     first = last = 0;

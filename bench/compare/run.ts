@@ -166,6 +166,27 @@ function cpuShares(pids: Record<string, number[]>) {
   };
 }
 
+/** The whole machine's busy share (% of all its cores, /proc/stat; undefined elsewhere) between start and stop. */
+function machineBusy(): () => number | undefined {
+  const read = () => {
+    let stat: string;
+    try {
+      stat = readFileSync("/proc/stat", "utf8");
+    } catch {
+      return undefined;
+    }
+    const f = /^cpu\s+(.*)$/m.exec(stat)?.[1]?.split(/\s+/).map(Number);
+    // user nice system idle iowait irq softirq steal: busy is all but idle, iowait and steal
+    return f === undefined ? undefined : { all: f.slice(0, 8).reduce((a, b) => a + b, 0), idle: f[3]! + f[4]! + f[7]! };
+  };
+  const a = read();
+  return () => {
+    const b = read();
+    if (a === undefined || b === undefined || b.all === a.all) return undefined;
+    return Math.round((1 - (b.idle - a.idle) / (b.all - a.all)) * 100);
+  };
+}
+
 /** Samples the RSS (peak) of processes together and their CPU share between start and stop. */
 function meter(pids: number[]) {
   const cpu = () => pids.reduce((n, pid) => n + cpuSeconds(pid), 0);
@@ -214,6 +235,12 @@ interface Report {
   duplicates: number;
   /** The generators' longest event-loop delay (ms): a stall of the generator itself is in every latency it measures. */
   stall_ms: number;
+  /** The generators' GC: time (ms, summed), longest pause (ms) and the largest generator's heap (MiB). */
+  gc_ms: number;
+  gc_max_ms: number;
+  heap_mb: number;
+  /** How long the generators' main threads waited for a CPU while runnable (ms, all of them together; Linux). */
+  cpu_wait_ms: number;
 }
 
 /** Reports of several generators, or of one over several periods: counts and latencies add up, the span covers them all. */
@@ -226,6 +253,10 @@ function mergeReports(rs: Report[]): Report {
     hist: rs.reduce((h, r) => merge(h, r.hist), {} as Histogram),
     duplicates: rs.reduce((n, r) => n + r.duplicates, 0),
     stall_ms: Math.max(0, ...rs.map((r) => r.stall_ms ?? 0)),
+    gc_ms: rs.reduce((n, r) => n + (r.gc_ms ?? 0), 0),
+    gc_max_ms: Math.max(0, ...rs.map((r) => r.gc_max_ms ?? 0)),
+    heap_mb: Math.max(0, ...rs.map((r) => r.heap_mb ?? 0)),
+    cpu_wait_ms: rs.reduce((n, r) => n + (r.cpu_wait_ms ?? 0), 0),
   };
 }
 
@@ -430,6 +461,19 @@ interface Probe {
   ok: boolean;
   /** The device generators' longest event-loop delay over the probe. */
   devices_stall_ms: number;
+  /** The device generators' GC over the probe (ms, all of them; the longest pause) and the largest one's heap after it (MiB). */
+  devices_gc_ms: number;
+  devices_gc_max_ms: number;
+  devices_heap_mb: number;
+  /**
+   * The generators' wait for a CPU while runnable over the probe (ms, together), the whole machine's busy share
+   * while the producers sent (% of all cores) and each role's share of a core up to the last
+   * delivery: a probe missed with the machine full and the generator waiting for it was bound by the
+   * machine, not by a stage.
+   */
+  devices_cpu_wait_ms: number;
+  machine_busy_pct: number | undefined;
+  cpu: string;
   /** jetgate's stage times over the probe: where a missed probe's time went; then dispatch to the worker's push and to the gateway's receipt of it, p99. */
   stages?: ReturnType<typeof stageSummary>;
   worker_push_p99_ms?: string | undefined;
@@ -470,8 +514,12 @@ async function sustained(sys: System, gens: Generators, max: number): Promise<{ 
     const perS = Math.max(1, Math.floor(r / fan));
     const stagesBefore = await sys.stages?.();
     const countersBefore = await sys.counters?.();
+    const shares = cpuShares({ ...sys.pids, devices: gens.pids });
+    const busy = machineBusy();
     const sent = await sys.sendFor(seconds, users, perS);
+    const busyPct = busy();
     const got = await settled(gens);
+    const cpu = shares(got.received, got.last);
     // the counters first: they carry the event-loop delays, which every scrape restarts
     const countersAfter = await sys.counters?.();
     const stages = stageSummary(stagesBefore, await sys.stages?.());
@@ -479,7 +527,7 @@ async function sustained(sys: System, gens: Generators, max: number): Promise<{ 
     const workerPushP99 = pushQuantileOf(countersBefore, countersAfter, 0.99, "wpush");
     const p99 = quantile(got.hist, 0.99);
     const ok = sent >= 0.95 * perS * seconds && got.received >= 0.99 * sent * fan && p99 < 1000;
-    probes.push({ rate: r, sent, delivered: got.received, p99_ms: p99, ok, devices_stall_ms: got.stall_ms, ...(stages !== undefined ? { stages, worker_push_p99_ms: workerPushP99, push_p99_ms: pushP99, gateway_stall_ms: countersAfter?.gatewayLoopMaxMs, worker_stall_ms: countersAfter?.workerLoopMaxMs, ...fills(countersBefore, countersAfter) } : {}) });
+    probes.push({ rate: r, sent, delivered: got.received, p99_ms: p99, ok, devices_stall_ms: got.stall_ms, devices_gc_ms: got.gc_ms, devices_gc_max_ms: got.gc_max_ms, devices_heap_mb: got.heap_mb, devices_cpu_wait_ms: got.cpu_wait_ms, machine_busy_pct: busyPct, cpu: cpu.shares, ...(stages !== undefined ? { stages, worker_push_p99_ms: workerPushP99, push_p99_ms: pushP99, gateway_stall_ms: countersAfter?.gatewayLoopMaxMs, worker_stall_ms: countersAfter?.workerLoopMaxMs, ...fills(countersBefore, countersAfter) } : {}) });
     if (ok) held = r;
     else missed = r;
     if (held !== undefined && missed - held <= 0.05 * missed) break;

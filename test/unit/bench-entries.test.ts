@@ -7,7 +7,7 @@ import { dueAt, pace } from "../../bench/compare/pace.js";
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import { idSource, merge, quantile, readStamp, record, stampedBody, type Histogram } from "../../bench/compare/entries.js";
+import { idSource, merge, quantile, readStamp, record, SeenIds, stampedBody, type Histogram } from "../../bench/compare/entries.js";
 
 test("bench entries - a body gives back its id and stamp; ids of different producers never meet", () => {
   const a = idSource(0);
@@ -21,6 +21,25 @@ test("bench entries - a body gives back its id and stamp; ids of different produ
   assert.equal(s.id, 2 ** 32 + 7);
   assert.ok(s.sentAt >= before && s.sentAt <= performance.timeOrigin + performance.now());
   assert.equal(readStamp(new Uint8Array(8)), undefined, "too short to carry an id");
+});
+
+test("bench entries - a device's seen ids: a duplicate is found whatever the order, as a Set finds it", () => {
+  fc.assert(
+    fc.property(fc.array(fc.tuple(fc.integer({ min: 0, max: 3 }), fc.integer({ min: 1, max: 400 })), { maxLength: 600 }), (pairs) => {
+      const seen = new SeenIds();
+      const reference = new Set<number>();
+      for (const [producer, n] of pairs) {
+        const id = producer * 2 ** 32 + n;
+        assert.equal(seen.add(id), !reference.has(id), `id ${id}`);
+        reference.add(id);
+      }
+    }),
+  );
+  // in order, as nearly every delivery comes: appends, past the first growth
+  const inOrder = new SeenIds();
+  for (let n = 1; n <= 1000; n++) assert.equal(inOrder.add(2 ** 32 + n), true);
+  assert.equal(inOrder.add(2 ** 32 + 500), false);
+  assert.equal(inOrder.add(2 ** 32 + 1001), true);
 });
 
 test("bench entries - merged histograms: quantiles within 2% of the exact ones over all samples", () => {
