@@ -85,8 +85,8 @@ export function quantile(h: Histogram, q: number): number {
 /**
  * The ids one device has received, to count an entry it gets twice. Kept per producer as a sorted
  * Float64Array: ids arrive mostly in each producer's order, so an add is nearly always an append,
- * and a run's millions of ids cost 8 bytes each and nothing to the GC. (A Set of them held a
- * generator's heap at gigabytes in `hot`, and the GC's pauses over it were in every latency it measured.)
+ * and a run's millions of ids cost 8 bytes each and nothing for the GC to trace, where a Set of
+ * them grew the generator's heap with every delivery of the run.
  */
 export class SeenIds {
   private readonly byProducer = new Map<number, { ids: Float64Array; n: number }>();

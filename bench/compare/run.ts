@@ -109,14 +109,17 @@ for (const [flag, v] of [["--nodes", nodes], ["--shards", shards]] as const) {
 }
 if (shards < nodes) throw new Error(`--shards ${shards} gives some of the ${nodes} workers nothing to do: use at least --nodes`);
 
-/** A process that has exited reads as NaN (and shows as such in the row) instead of ending the run. */
-function proc(pid: number, file: string): string | undefined {
+/** A file under /proc, undefined when it cannot be read (a process that has exited, a system without /proc). */
+function procFile(path: string): string | undefined {
   try {
-    return readFileSync(`/proc/${pid}/${file}`, "utf8");
+    return readFileSync(`/proc/${path}`, "utf8");
   } catch {
     return undefined;
   }
 }
+
+/** A process that has exited reads as NaN (and shows as such in the row) instead of ending the run. */
+const proc = (pid: number, file: string) => procFile(`${pid}/${file}`);
 
 function rssMb(pid: number): number {
   const m = /VmRSS:\s+(\d+) kB/.exec(proc(pid, "status") ?? "");
@@ -169,13 +172,7 @@ function cpuShares(pids: Record<string, number[]>) {
 /** The whole machine's busy share (% of all its cores, /proc/stat; undefined elsewhere) between start and stop. */
 function machineBusy(): () => number | undefined {
   const read = () => {
-    let stat: string;
-    try {
-      stat = readFileSync("/proc/stat", "utf8");
-    } catch {
-      return undefined;
-    }
-    const f = /^cpu\s+(.*)$/m.exec(stat)?.[1]?.split(/\s+/).map(Number);
+    const f = /^cpu\s+(.*)$/m.exec(procFile("stat") ?? "")?.[1]?.split(/\s+/).map(Number);
     // user nice system idle iowait irq softirq steal: busy is all but idle, iowait and steal
     return f === undefined ? undefined : { all: f.slice(0, 8).reduce((a, b) => a + b, 0), idle: f[3]! + f[4]! + f[7]! };
   };
